@@ -1,0 +1,63 @@
+#pragma once
+// What one MoE layer step is: the layer's shape and the expert-parallel world it runs in.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tilemoe/dtype.hpp"
+
+namespace tilemoe {
+
+enum class Activation : std::uint8_t {
+  SwiGLU,  // silu(x w1^T) * (x w3^T), then w2: the Mixtral / Qwen / DeepSeek expert
+  GELU,    // gelu(x w1^T), then w2 (erf form); w3 is not used
+};
+std::string_view activation_name(Activation activation);
+Activation parse_activation(std::string_view name);
+
+struct MoeConfig {
+  std::int64_t tokens = 0;        // tokens on this rank (0 is valid)
+  std::int64_t hidden = 0;        // model width, multiple of 8
+  std::int64_t ffn_hidden = 0;    // expert inner width, multiple of 8
+  std::int64_t num_experts = 0;   // E
+  std::int64_t top_k = 0;         // experts per token, 1..E
+  Activation activation = Activation::SwiGLU;
+  bool renormalize = false;       // divide the k selected softmax weights by their sum
+  // 0 = dropless. Otherwise each rank keeps, for each expert, at most
+  // ceil(capacity_factor * tokens * top_k / num_experts) of its own token slots; see routing.hpp.
+  double capacity_factor = 0.0;
+  DType dtype = DType::BF16;      // storage of activations and weights; accumulation is fp32
+};
+
+// Expert parallelism: rank r of W owns experts [r*E/W, (r+1)*E/W).
+struct ParallelConfig {
+  int world_size = 1;
+  int rank = 0;
+};
+
+std::int64_t local_expert_count(const MoeConfig& config, const ParallelConfig& parallel);
+std::int64_t first_local_expert(const MoeConfig& config, const ParallelConfig& parallel);
+int owner_of_expert(const MoeConfig& config, int world_size, std::int64_t expert);
+
+// Bad-input errors that say what to change.
+void validate(const MoeConfig& config);
+void validate(const MoeConfig& config, const ParallelConfig& parallel);
+
+// A whole expert-parallel step as one process sees it when it plays every rank (the CPU
+// engine, the tests): one layer shape and the token count of each rank, which may differ.
+struct EpWorld {
+  MoeConfig layer;                          // layer.tokens is unused: see tokens_per_rank
+  std::vector<std::int64_t> tokens_per_rank;
+  int world_size() const { return static_cast<int>(tokens_per_rank.size()); }
+  MoeConfig rank_config(int rank) const;    // layer with tokens = tokens_per_rank[rank]
+  std::int64_t total_tokens() const;
+  std::int64_t experts_per_rank() const { return layer.num_experts / world_size(); }
+};
+void validate(const EpWorld& world);
+
+// Splits `total` tokens over `world_size` ranks as evenly as possible, the first ranks
+// taking the remainder.
+std::vector<std::int64_t> split_tokens_evenly(std::int64_t total, int world_size);
+
+}  // namespace tilemoe

@@ -1,0 +1,35 @@
+#pragma once
+// Expert weights, held as the fp32 values of their storage dtype and transposed to [in][out]
+// so that a row-times-matrix product walks memory in order. The values are exactly the
+// stored ones (bf16 weights are widened, never re-rounded).
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tilemoe/config.hpp"
+
+namespace tilemoe {
+
+struct ExpertWeights {
+  std::int64_t num_experts = 0, hidden = 0, ffn_hidden = 0;
+  Activation activation = Activation::SwiGLU;
+  DType dtype = DType::BF16;
+  std::vector<float> w1t;  // [E][hidden][ffn]  gate (SwiGLU) or the only input matrix (GELU)
+  std::vector<float> w3t;  // [E][hidden][ffn]  up (SwiGLU only; empty for GELU)
+  std::vector<float> w2t;  // [E][ffn][hidden]  down
+
+  const float* gate(std::int64_t e) const { return w1t.data() + e * hidden * ffn_hidden; }
+  const float* up(std::int64_t e) const { return w3t.data() + e * hidden * ffn_hidden; }
+  const float* down(std::int64_t e) const { return w2t.data() + e * ffn_hidden * hidden; }
+};
+
+// Deterministic random weights of the config's shape, scaled so activations stay O(1).
+ExpertWeights random_weights(const MoeConfig& config, std::uint64_t seed);
+
+// Builds from matrices in the Hugging Face layout [out][in]: w1 and w3 [ffn][hidden],
+// w2 [hidden][ffn] (w3 ignored and may be empty for GELU). Values are rounded to dtype.
+void set_expert(ExpertWeights& weights, std::int64_t expert, std::span<const float> w1,
+                std::span<const float> w3, std::span<const float> w2);
+ExpertWeights empty_weights(const MoeConfig& config);
+
+}  // namespace tilemoe

@@ -1,0 +1,120 @@
+#include "tilemoe/config.hpp"
+
+#include <cmath>
+#include <numeric>
+#include <string>
+
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+
+std::string_view activation_name(Activation activation) {
+  return activation == Activation::SwiGLU ? "swiglu" : "gelu";
+}
+
+Activation parse_activation(std::string_view name) {
+  if (name == "swiglu" || name == "SwiGLU") return Activation::SwiGLU;
+  if (name == "gelu" || name == "GELU") return Activation::GELU;
+  throw_bad_input("unknown activation '" + std::string(name) + "': use swiglu or gelu");
+}
+
+std::int64_t local_expert_count(const MoeConfig& config, const ParallelConfig& parallel) {
+  return config.num_experts / parallel.world_size;
+}
+
+std::int64_t first_local_expert(const MoeConfig& config, const ParallelConfig& parallel) {
+  return parallel.rank * local_expert_count(config, parallel);
+}
+
+int owner_of_expert(const MoeConfig& config, int world_size, std::int64_t expert) {
+  return static_cast<int>(expert / (config.num_experts / world_size));
+}
+
+namespace {
+
+void require_multiple_of_8(const char* field, std::int64_t value) {
+  if (value % 8 != 0) {
+    const std::int64_t up = (value + 7) / 8 * 8;
+    throw_bad_input(std::string(field) + " = " + std::to_string(value) +
+                    " is not a multiple of 8 (16-byte rows for bf16 vector loads): use " +
+                    std::to_string(up > 8 ? up - 8 : 8) + " or " + std::to_string(up));
+  }
+}
+
+}  // namespace
+
+void validate(const MoeConfig& config) {
+  if (config.tokens < 0) {
+    throw_bad_input("tokens = " + std::to_string(config.tokens) + " is negative: use 0 or more");
+  }
+  if (config.hidden <= 0) {
+    throw_bad_input("hidden = " + std::to_string(config.hidden) + " must be positive");
+  }
+  if (config.ffn_hidden <= 0) {
+    throw_bad_input("ffn_hidden = " + std::to_string(config.ffn_hidden) + " must be positive");
+  }
+  require_multiple_of_8("hidden", config.hidden);
+  require_multiple_of_8("ffn_hidden", config.ffn_hidden);
+  if (config.num_experts <= 0) {
+    throw_bad_input("num_experts = " + std::to_string(config.num_experts) + " must be positive");
+  }
+  if (config.num_experts > (1 << 20)) {
+    throw_bad_input("num_experts = " + std::to_string(config.num_experts) +
+                    " is more than 1048576: is it a typo?");
+  }
+  if (config.top_k < 1 || config.top_k > config.num_experts) {
+    throw_bad_input("top_k = " + std::to_string(config.top_k) + " is outside [1, num_experts = " +
+                    std::to_string(config.num_experts) + "]");
+  }
+  if (!std::isfinite(config.capacity_factor) || config.capacity_factor < 0.0) {
+    throw_bad_input("capacity_factor = " + std::to_string(config.capacity_factor) +
+                    " must be 0 (dropless) or positive");
+  }
+}
+
+void validate(const MoeConfig& config, const ParallelConfig& parallel) {
+  validate(config);
+  if (parallel.world_size < 1) {
+    throw_bad_input("world size = " + std::to_string(parallel.world_size) + " must be at least 1");
+  }
+  if (parallel.rank < 0 || parallel.rank >= parallel.world_size) {
+    throw_bad_input("rank = " + std::to_string(parallel.rank) + " is outside [0, " +
+                    std::to_string(parallel.world_size) + ")");
+  }
+  if (config.num_experts % parallel.world_size != 0) {
+    throw_bad_input("num_experts = " + std::to_string(config.num_experts) +
+                    " is not divisible by the world size " + std::to_string(parallel.world_size) +
+                    ": every rank must own the same number of experts; change one of them");
+  }
+}
+
+MoeConfig EpWorld::rank_config(int rank) const {
+  MoeConfig config = layer;
+  config.tokens = tokens_per_rank.at(static_cast<std::size_t>(rank));
+  return config;
+}
+
+std::int64_t EpWorld::total_tokens() const {
+  return std::accumulate(tokens_per_rank.begin(), tokens_per_rank.end(), std::int64_t{0});
+}
+
+void validate(const EpWorld& world) {
+  if (world.tokens_per_rank.empty()) throw_bad_input("the world has no ranks: use 1 or more");
+  for (int rank = 0; rank < world.world_size(); ++rank) {
+    if (world.tokens_per_rank[rank] < 0) {
+      throw_bad_input("rank " + std::to_string(rank) + " has " +
+                      std::to_string(world.tokens_per_rank[rank]) + " tokens: use 0 or more");
+    }
+  }
+  validate(world.rank_config(0), ParallelConfig{world.world_size(), 0});
+}
+
+std::vector<std::int64_t> split_tokens_evenly(std::int64_t total, int world_size) {
+  if (world_size < 1) throw_bad_input("world size must be at least 1");
+  if (total < 0) throw_bad_input("token count " + std::to_string(total) + " is negative");
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(world_size), total / world_size);
+  for (std::int64_t rank = 0; rank < total % world_size; ++rank) ++counts[rank];
+  return counts;
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,56 @@
+#include "expert_math.hpp"
+
+#include <cmath>
+#include <vector>
+
+namespace tilemoe::math {
+
+namespace {
+
+// acc[n] += a[k] * b[k][n] over k ascending, for n in [0, width): the fixed K order that makes
+// the result independent of tiling. b rows are `stride` apart.
+void row_times_matrix(const float* a, std::int64_t depth, const float* b, std::int64_t stride,
+                      std::int64_t width, float* acc) {
+  for (std::int64_t n = 0; n < width; ++n) acc[n] = 0.0f;
+  for (std::int64_t k = 0; k < depth; ++k) {
+    const float ak = a[k];
+    const float* bk = b + k * stride;
+    for (std::int64_t n = 0; n < width; ++n) acc[n] += ak * bk[n];
+  }
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
+
+}  // namespace
+
+void gemm0_rows(const ExpertWeights& w, std::int64_t expert, const float* x, std::int64_t rows,
+                std::int64_t col_begin, std::int64_t col_end, float* out) {
+  const std::int64_t width = col_end - col_begin;
+  std::vector<float> up(static_cast<std::size_t>(width));
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* xi = x + i * w.hidden;
+    float* oi = out + i * width;
+    row_times_matrix(xi, w.hidden, w.gate(expert) + col_begin, w.ffn_hidden, width, oi);
+    if (w.activation == Activation::SwiGLU) {
+      row_times_matrix(xi, w.hidden, w.up(expert) + col_begin, w.ffn_hidden, width, up.data());
+      for (std::int64_t n = 0; n < width; ++n) oi[n] = silu(oi[n]) * up[static_cast<std::size_t>(n)];
+    } else {
+      for (std::int64_t n = 0; n < width; ++n) oi[n] = gelu(oi[n]);
+    }
+  }
+}
+
+void gemm1_rows(const ExpertWeights& w, std::int64_t expert, const float* a, std::int64_t rows,
+                std::int64_t col_begin, std::int64_t col_end, float* out) {
+  const std::int64_t width = col_end - col_begin;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    row_times_matrix(a + i * w.ffn_hidden, w.ffn_hidden, w.down(expert) + col_begin, w.hidden, width, out + i * width);
+  }
+}
+
+void accumulate_slot(float weight, const float* y, std::int64_t count, float* acc) {
+  for (std::int64_t c = 0; c < count; ++c) acc[c] += weight * y[c];
+}
+
+}  // namespace tilemoe::math

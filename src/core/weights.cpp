@@ -1,0 +1,63 @@
+#include "tilemoe/weights.hpp"
+
+#include <cmath>
+#include <random>
+#include <string>
+
+#include "tilemoe/error.hpp"
+
+namespace tilemoe {
+
+ExpertWeights empty_weights(const MoeConfig& config) {
+  ExpertWeights w;
+  w.num_experts = config.num_experts;
+  w.hidden = config.hidden;
+  w.ffn_hidden = config.ffn_hidden;
+  w.activation = config.activation;
+  w.dtype = config.dtype;
+  const auto matrix = static_cast<std::size_t>(config.num_experts * config.hidden * config.ffn_hidden);
+  w.w1t.resize(matrix);
+  if (config.activation == Activation::SwiGLU) w.w3t.resize(matrix);
+  w.w2t.resize(matrix);
+  return w;
+}
+
+void set_expert(ExpertWeights& weights, std::int64_t expert, std::span<const float> w1,
+                std::span<const float> w3, std::span<const float> w2) {
+  const std::int64_t h = weights.hidden, f = weights.ffn_hidden;
+  const auto size = static_cast<std::size_t>(h * f);
+  const bool swiglu = weights.activation == Activation::SwiGLU;
+  if (w1.size() != size || w2.size() != size || (swiglu && w3.size() != size)) {
+    throw_bad_input("expert " + std::to_string(expert) + ": weight matrices must hold hidden x ffn = " +
+                    std::to_string(size) + " values");
+  }
+  float* gate = weights.w1t.data() + expert * h * f;
+  float* up = swiglu ? weights.w3t.data() + expert * h * f : nullptr;
+  float* down = weights.w2t.data() + expert * f * h;
+  for (std::int64_t o = 0; o < f; ++o) {
+    for (std::int64_t i = 0; i < h; ++i) {
+      gate[i * f + o] = round_to(weights.dtype, w1[static_cast<std::size_t>(o * h + i)]);
+      if (swiglu) up[i * f + o] = round_to(weights.dtype, w3[static_cast<std::size_t>(o * h + i)]);
+    }
+  }
+  for (std::int64_t o = 0; o < h; ++o) {
+    for (std::int64_t i = 0; i < f; ++i) down[i * h + o] = round_to(weights.dtype, w2[static_cast<std::size_t>(o * f + i)]);
+  }
+}
+
+ExpertWeights random_weights(const MoeConfig& config, std::uint64_t seed) {
+  ExpertWeights w = empty_weights(config);
+  std::mt19937_64 rng(seed);
+  // Var(x w) = fan_in * var(w): uniform(-a, a) with a = sqrt(3 / fan_in) keeps unit variance.
+  auto fill = [&](std::vector<float>& values, std::int64_t fan_in) {
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const float scale = std::sqrt(3.0f / static_cast<float>(fan_in));
+    for (float& v : values) v = round_to(config.dtype, dist(rng) * scale);
+  };
+  fill(w.w1t, config.hidden);
+  fill(w.w3t, config.hidden);
+  fill(w.w2t, config.ffn_hidden);
+  return w;
+}
+
+}  // namespace tilemoe

@@ -1,0 +1,29 @@
+// tilemoe: the command-line tool. Exit codes: 0 ok, 2 bad input (message on stderr),
+// 1 internal error (including a check that failed or a wait that timed out).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.hpp"
+#include "tilemoe/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"tilemoe: expert-parallel MoE layers with compute/communication overlap"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  tilemoe::cli::add_run_command(app, exit_code);
+  tilemoe::cli::add_validate_plan_command(app, exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = app.exit(error);
+    return code == 0 ? 0 : 2;
+  } catch (const tilemoe::Error& error) {
+    std::fprintf(stderr, "tilemoe: %s\n", error.what());
+    return error.kind() == tilemoe::ErrorKind::BadInput ? 2 : 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "tilemoe: internal error: %s\n", error.what());
+    return 1;
+  }
+  return exit_code;
+}

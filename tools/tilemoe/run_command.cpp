@@ -1,0 +1,176 @@
+// tilemoe run: one forward MoE step on the CPU engine for each chosen strategy, each checked
+// against the dense reference (bitwise) and an fp64 reference (accuracy).
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "progress.hpp"
+#include "step_options.hpp"
+#include "tilemoe/cpu_executor.hpp"
+#include "tilemoe/error.hpp"
+#include "tilemoe/reference.hpp"
+#include "tilemoe/step_io.hpp"
+#include "tilemoe/trace.hpp"
+
+namespace tilemoe::cli {
+
+namespace {
+
+struct RunOptions {
+  StepOptions step;
+  std::string backend = "cpu";
+  std::string strategy = "all";
+  std::string output_path, trace_path;
+  bool json = false;
+  std::int64_t timeout_ms = 30000;
+  std::uint32_t delay_us = 0;
+  // About the H200's balance of NVLink bytes to bf16 FLOPs (370 GB/s : 790 TFLOP/s), scaled
+  // to the ~10 GFLOP/s of the CPU engine on two cores, so the default run shows real overlap.
+  double link_mbps = 5.0;
+};
+
+struct StrategyResult {
+  Strategy strategy;
+  std::vector<StepPlan> plans;
+  StepRun run;
+  StepStats stats;
+  ErrorStats vs_dense;
+  ErrorStats vs_fp64;
+  bool bitwise = false;
+};
+
+// The fp64 reference costs about as much as a step; beyond this many multiply-adds it is
+// skipped so that large runs stay practical (the bitwise check still runs).
+constexpr double kMaxFp64Work = 4e9;
+
+int run(const RunOptions& options) {
+  if (options.backend != "cpu") {
+    throw_bad_input("backend '" + options.backend + "' is not available in this build: use --backend cpu");
+  }
+  if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
+  const PreparedStep step = prepare_step(options.step);
+  std::vector<Strategy> strategies;
+  if (options.strategy == "all") {
+    strategies = {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet};
+  } else {
+    strategies = {parse_strategy(options.strategy)};
+  }
+
+  const std::vector<Matrix> dense = dense_reference(step.world, step.inputs, step.routing, step.weights);
+  std::int64_t routed = 0;
+  for (const Routing& r : step.routing) {
+    for (std::uint8_t kept : r.kept) routed += kept;
+  }
+  const MoeConfig& layer = step.world.layer;
+  const double work = static_cast<double>(routed) * static_cast<double>(layer.hidden) *
+                      static_cast<double>(layer.ffn_hidden) * (layer.activation == Activation::SwiGLU ? 3.0 : 2.0);
+  const bool have_fp64 = work <= kMaxFp64Work;
+  std::vector<std::vector<double>> fp64;
+  if (have_fp64) fp64 = fp64_reference(step.world, step.inputs, step.routing, step.weights);
+
+  std::vector<StrategyResult> results;
+  for (Strategy strategy : strategies) {
+    StrategyResult result{strategy, compile_plan(strategy, step.world, step.routing, options.step.plan), {}, {}, {}, {}, false};
+    validate_plan(result.plans);
+    std::uint64_t total = 0;
+    for (const StepPlan& p : result.plans) total += p.task_count();
+    std::atomic<std::uint64_t> done{0};
+    CpuRunOptions run_options;
+    run_options.timeout = std::chrono::milliseconds(options.timeout_ms);
+    run_options.max_delay_us = options.delay_us;
+    run_options.delay_seed = options.step.seed;
+    run_options.link_gbps = options.link_mbps / 1e3;
+    run_options.tasks_done = &done;
+    {
+      ProgressBar bar(std::string(strategy_name(strategy)), total, done);
+      result.run = run_step(result.plans, step.weights, step.inputs, run_options);
+    }
+    result.stats = summarize(result.plans, result.run.records, result.run.wall_ns);
+    result.vs_dense = compare(result.run.outputs, dense);
+    if (have_fp64) result.vs_fp64 = compare(result.run.outputs, fp64);
+    result.bitwise = true;
+    for (std::size_t r = 0; r < dense.size(); ++r) result.bitwise = result.bitwise && result.run.outputs[r].bitwise_equal(dense[r]);
+    results.push_back(std::move(result));
+  }
+
+  bool all_equal = true;
+  for (const StrategyResult& r : results) all_equal = all_equal && r.bitwise && r.vs_dense.finite;
+
+  if (options.json) {
+    nlohmann::json doc;
+    doc["layer"] = {{"ranks", step.world.world_size()}, {"tokens_per_rank", step.world.tokens_per_rank},
+                    {"hidden", layer.hidden}, {"ffn_hidden", layer.ffn_hidden}, {"experts", layer.num_experts},
+                    {"top_k", layer.top_k}, {"activation", activation_name(layer.activation)},
+                    {"renormalize", layer.renormalize}, {"capacity_factor", layer.capacity_factor},
+                    {"dtype", dtype_name(layer.dtype)}, {"routed_rows", routed}};
+    doc["source"] = step.source;
+    doc["backend"] = options.backend;
+    for (const StrategyResult& r : results) {
+      nlohmann::json entry = {{"strategy", strategy_name(r.strategy)}, {"wall_ms", r.stats.wall_ms},
+                              {"compute_busy", r.stats.compute_busy}, {"comm_busy", r.stats.comm_busy},
+                              {"overlap", r.stats.overlap}, {"max_abs_error_vs_dense", r.vs_dense.max_abs},
+                              {"bitwise_equal_dense", r.bitwise}};
+      if (have_fp64) entry["relative_error_vs_fp64"] = r.vs_fp64.relative_frobenius;
+      doc["results"].push_back(entry);
+    }
+    doc["all_bitwise_equal"] = all_equal;
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    std::printf("tilemoe run: backend %s, %d ranks, tokens/rank %s, hidden %lld, ffn %lld, %lld experts, top-%lld, %s, %s, %s\n",
+                options.backend.c_str(), step.world.world_size(),
+                [&] {
+                  std::string t;
+                  for (std::size_t i = 0; i < step.world.tokens_per_rank.size(); ++i) t += (i ? "," : "") + std::to_string(step.world.tokens_per_rank[i]);
+                  return t;
+                }().c_str(),
+                static_cast<long long>(layer.hidden), static_cast<long long>(layer.ffn_hidden),
+                static_cast<long long>(layer.num_experts), static_cast<long long>(layer.top_k),
+                std::string(activation_name(layer.activation)).c_str(), std::string(dtype_name(layer.dtype)).c_str(),
+                step.source.c_str());
+    std::printf("%-12s %10s %9s %9s %9s %14s %14s %8s\n", "strategy", "wall ms", "compute%", "comm%", "overlap%",
+                "max|err| dense", "rel err fp64", "bitwise");
+    for (const StrategyResult& r : results) {
+      char fp64_text[32] = "skipped";
+      if (have_fp64) std::snprintf(fp64_text, sizeof fp64_text, "%.2e", r.vs_fp64.relative_frobenius);
+      std::printf("%-12s %10.2f %9.1f %9.1f %9.1f %14.3g %14s %8s\n", std::string(strategy_name(r.strategy)).c_str(),
+                  r.stats.wall_ms, 100.0 * r.stats.compute_busy, 100.0 * r.stats.comm_busy, 100.0 * r.stats.overlap,
+                  r.vs_dense.max_abs, fp64_text, r.bitwise ? "yes" : "NO");
+    }
+  }
+
+  if (!options.trace_path.empty()) {
+    std::vector<TracedStep> traced;
+    for (const StrategyResult& r : results) traced.push_back({std::string(strategy_name(r.strategy)), &r.plans, &r.run.records});
+    write_trace(options.trace_path, traced);
+    if (!options.json) std::printf("trace: %s (open in https://ui.perfetto.dev)\n", options.trace_path.c_str());
+  }
+  if (!all_equal) {
+    std::fprintf(stderr, "tilemoe: a strategy's output differs from the dense reference; nothing written to --output\n");
+    return 1;
+  }
+  if (!options.output_path.empty()) write_step_output(options.output_path, results.front().run.outputs);
+  return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app, int& exit_code) {
+  auto options = std::make_shared<RunOptions>();
+  CLI::App* command = app.add_subcommand("run", "run one MoE forward step for each strategy and check it against the references");
+  options->step.add_to(*command);
+  command->add_option("--backend", options->backend, "cpu (the CUDA backend comes with the CUDA build)")->capture_default_str();
+  command->add_option("--strategy", options->strategy, "all, sequential, tile_signal or comet")->capture_default_str();
+  command->add_option("--output", options->output_path, "write the output [T, hidden] as safetensors ('output')");
+  command->add_option("--trace", options->trace_path, "write a Chrome/Perfetto trace-event JSON of every strategy's step");
+  command->add_flag("--json", options->json, "print the result as JSON instead of the table");
+  command->add_option("--timeout-ms", options->timeout_ms, "bound of every wait")->capture_default_str();
+  command->add_option("--link-mbps", options->link_mbps, "emulated outgoing link of each rank, MB/s (0 = unlimited)")->capture_default_str();
+  command->add_option("--delay-us", options->delay_us, "random delay of up to this before each task (timing shake)")->capture_default_str();
+  command->callback([options, &exit_code] { exit_code = run(*options); });
+}
+
+}  // namespace tilemoe::cli

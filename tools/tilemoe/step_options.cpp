@@ -1,0 +1,103 @@
+#include "step_options.hpp"
+
+#include "tilemoe/error.hpp"
+#include "tilemoe/step_io.hpp"
+
+namespace tilemoe::cli {
+
+void StepOptions::add_to(CLI::App& app) {
+  app.add_option("--ranks", ranks, "expert-parallel world size W (ranks are threads on the CPU)")->capture_default_str();
+  tokens_option = app.add_option("--tokens", tokens, "tokens on every rank")->capture_default_str();
+  app.add_option("--tokens-per-rank", tokens_per_rank, "tokens of each rank, e.g. 128,0,7,64 (overrides --tokens and --ranks)")
+      ->delimiter(',');
+  hidden_option = app.add_option("--hidden", hidden, "model width (multiple of 8)")->capture_default_str();
+  ffn_option = app.add_option("--ffn-hidden", ffn_hidden, "expert inner width (multiple of 8)")->capture_default_str();
+  experts_option = app.add_option("--experts", experts, "number of experts E (divisible by --ranks)")->capture_default_str();
+  app.add_option("--top-k", top_k, "experts per token")->capture_default_str();
+  app.add_option("--activation", activation, "swiglu or gelu")->capture_default_str();
+  app.add_flag("--renormalize", renormalize, "divide the k chosen softmax weights by their sum");
+  app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
+  app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32)")->capture_default_str();
+  app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
+  app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str();
+  app.add_option("--inputs", inputs_path, "safetensors file with 'input' [T, hidden] and 'router_logits' [T, E]");
+  app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight (Hugging Face names)");
+  app.add_option("--tile-m", plan.tile_m, "GEMM tile rows")->capture_default_str();
+  app.add_option("--tile-n", plan.tile_n, "GEMM tile columns")->capture_default_str();
+  app.add_option("--compute-workers", plan.compute_workers, "compute workers per rank")->capture_default_str();
+  app.add_option("--comm-workers", plan.comm_workers, "communication workers per rank")->capture_default_str();
+  app.add_option("--mgb", plan.merge_bands, "tile_signal: row bands merged per middle segment")->capture_default_str();
+  app.add_option("--comet-split", plan.comet_split_cols, "comet: hidden columns per layer-1 split (0 = hidden/4)")->capture_default_str();
+  app.add_option("--combine-tokens", plan.combine_tokens, "tokens per combine task")->capture_default_str();
+}
+
+namespace {
+
+void take_from_file(CLI::Option* option, std::int64_t& value, std::int64_t from_file, const char* what, const std::string& file) {
+  if (option->count() > 0 && value != from_file) {
+    throw_bad_input("--" + std::string(what) + " " + std::to_string(value) + " disagrees with " + file + " (" +
+                    std::to_string(from_file) + "); drop the option or fix the file");
+  }
+  value = from_file;
+}
+
+}  // namespace
+
+PreparedStep prepare_step(const StepOptions& options) {
+  StepOptions o = options;
+  PreparedStep step;
+  StepInputs loaded;
+  if (!o.inputs_path.empty()) {
+    loaded = load_step_inputs(o.inputs_path, parse_dtype(o.dtype));
+    take_from_file(o.hidden_option, o.hidden, loaded.input.cols, "hidden", o.inputs_path);
+    take_from_file(o.experts_option, o.experts, loaded.experts, "experts", o.inputs_path);
+  }
+  if (!o.weights_path.empty()) {
+    const WeightsShape shape = inspect_weights(o.weights_path);
+    take_from_file(o.hidden_option, o.hidden, shape.hidden, "hidden", o.weights_path);
+    take_from_file(o.ffn_option, o.ffn_hidden, shape.ffn_hidden, "ffn-hidden", o.weights_path);
+    take_from_file(o.experts_option, o.experts, shape.num_experts, "experts", o.weights_path);
+  }
+  if (o.ranks < 1) throw_bad_input("--ranks " + std::to_string(o.ranks) + ": use 1 or more");
+  if (!o.tokens_per_rank.empty()) {
+    step.world.tokens_per_rank = o.tokens_per_rank;
+  } else if (!o.inputs_path.empty()) {
+    step.world.tokens_per_rank = split_tokens_evenly(loaded.input.rows, o.ranks);
+  } else {
+    if (o.tokens < 0) throw_bad_input("--tokens " + std::to_string(o.tokens) + " is negative: use 0 or more");
+    step.world.tokens_per_rank.assign(static_cast<std::size_t>(o.ranks), o.tokens);
+  }
+  MoeConfig& layer = step.world.layer;
+  layer.hidden = o.hidden;
+  layer.ffn_hidden = o.ffn_hidden;
+  layer.num_experts = o.experts;
+  layer.top_k = o.top_k;
+  layer.activation = parse_activation(o.activation);
+  layer.renormalize = o.renormalize;
+  layer.capacity_factor = o.capacity_factor;
+  layer.dtype = parse_dtype(o.dtype);
+  validate(step.world);
+  validate(o.plan, step.world);
+
+  std::vector<std::vector<float>> logits;
+  if (!o.inputs_path.empty()) {
+    step.inputs = split_by_rank(loaded.input, step.world.tokens_per_rank);
+    logits = split_logits_by_rank(loaded.logits, loaded.experts, step.world.tokens_per_rank);
+    step.source = "inputs from " + o.inputs_path;
+  } else {
+    SyntheticStep synthetic = synthetic_step(step.world, parse_routing_pattern(o.routing), o.seed);
+    step.inputs = std::move(synthetic.inputs);
+    logits = std::move(synthetic.logits);
+    step.source = "synthetic " + o.routing + " routing, seed " + std::to_string(o.seed);
+  }
+  step.routing = route_world(step.world, logits);
+  if (!o.weights_path.empty()) {
+    step.weights = load_weights(o.weights_path, layer);
+    step.source += ", weights from " + o.weights_path;
+  } else {
+    step.weights = random_weights(layer, o.seed + 1000);
+  }
+  return step;
+}
+
+}  // namespace tilemoe::cli

@@ -1,0 +1,53 @@
+#pragma once
+// The options that describe one step (layer, world, strategy knobs, data), shared by the
+// subcommands, and how they become a ready-to-run step.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tilemoe/config.hpp"
+#include "tilemoe/plan.hpp"
+#include "tilemoe/routing.hpp"
+#include "tilemoe/synthetic.hpp"
+#include "tilemoe/tensor.hpp"
+#include "tilemoe/weights.hpp"
+
+namespace tilemoe::cli {
+
+struct StepOptions {
+  int ranks = 4;
+  std::int64_t tokens = 128;  // per rank, unless tokens_per_rank is given
+  std::vector<std::int64_t> tokens_per_rank;
+  std::int64_t hidden = 256, ffn_hidden = 896, experts = 8, top_k = 2;  // Mixtral's proportions, small
+  std::string activation = "swiglu";
+  bool renormalize = false;
+  double capacity_factor = 0.0;
+  std::string dtype = "bf16";
+  std::string routing = "balanced";
+  std::uint64_t seed = 1;
+  std::string inputs_path, weights_path;
+  PlanOptions plan;
+
+  CLI::Option* tokens_option = nullptr;
+  CLI::Option* hidden_option = nullptr;
+  CLI::Option* ffn_option = nullptr;
+  CLI::Option* experts_option = nullptr;
+
+  void add_to(CLI::App& app);
+};
+
+struct PreparedStep {
+  EpWorld world;
+  std::vector<Matrix> inputs;
+  std::vector<Routing> routing;
+  ExpertWeights weights;
+  std::string source;  // what the data is, for the report
+};
+
+// Builds the step: the layer from the options and the files, inputs and logits from
+// --inputs or synthetic, weights from --weights or random; routes every rank.
+PreparedStep prepare_step(const StepOptions& options);
+
+}  // namespace tilemoe::cli
