@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "commands.hpp"
 #include "tilemoe/error.hpp"
@@ -13,6 +14,11 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   tilemoe::cli::add_run_command(app, exit_code);
   tilemoe::cli::add_validate_plan_command(app, exit_code);
+  const std::string first = argc > 1 ? argv[1] : "";
+  if (!first.empty() && first[0] != '-' && first != "run" && first != "validate-plan") {
+    std::fprintf(stderr, "tilemoe: unknown command '%s': use run or validate-plan (tilemoe --help lists them)\n", argv[1]);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

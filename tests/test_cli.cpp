@@ -1,0 +1,224 @@
+// The tilemoe CLI, run as a user would: exit codes, messages, files.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <sys/wait.h>
+
+#include "step_fixture.hpp"
+#include "tilemoe/safetensors.hpp"
+#include "tilemoe/step_io.hpp"
+
+using namespace tilemoe;
+using ::testing::HasSubstr;
+using ::testing::Not;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tilemoe_cli_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Result tilemoe(const std::string& args) {
+    const std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
+    const std::string command = std::string(TILEMOE_CLI) + " " + args + " >" + out + " 2>" + err;
+    const int status = std::system(command.c_str());
+    Result r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(out);
+    r.err = slurp(err);
+    return r;
+  }
+
+  static std::string slurp(const fs::path& path) {
+    std::ifstream in(path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+
+  fs::path dir_;
+};
+
+const std::string kSmall = " --tokens 24 --hidden 32 --ffn-hidden 48 --experts 8 --top-k 2 --ranks 4 ";
+
+}  // namespace
+
+TEST_F(Cli, RunPrintsTheTableWithEveryStrategyBitwiseEqual) {
+  const Result r = tilemoe("run" + kSmall);
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"sequential", "tile_signal", "comet"}) EXPECT_THAT(r.out, HasSubstr(s));
+  EXPECT_THAT(r.out, HasSubstr("bitwise"));
+  EXPECT_THAT(r.out, Not(HasSubstr(" NO")));
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(Cli, JsonIsMachineReadable) {
+  const Result r = tilemoe("run --json --routing skewed --tokens-per-rank 5,0,31,7 --hidden 16 --ffn-hidden 16 --experts 8");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(doc["all_bitwise_equal"].get<bool>());
+  EXPECT_EQ(doc["results"].size(), 3u);
+  EXPECT_EQ(doc["layer"]["tokens_per_rank"], (std::vector<int>{5, 0, 31, 7}));
+  for (const auto& entry : doc["results"]) {
+    EXPECT_TRUE(entry["bitwise_equal_dense"].get<bool>());
+    EXPECT_LT(entry["relative_error_vs_fp64"].get<double>(), 1e-2);
+  }
+}
+
+TEST_F(Cli, BadInputExitsWithTwoAndSaysWhatToChange) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"run --experts 6 --ranks 4", "not divisible by the world size 4"},
+      {"run --hidden 12", "hidden = 12 is not a multiple of 8"},
+      {"run --top-k 9", "top_k = 9 is outside"},
+      {"run --strategy fastest", "unknown strategy 'fastest'"},
+      {"run --dtype fp8", "unknown storage dtype"},
+      {"run --routing wild", "unknown routing pattern"},
+      {"run --timeout-ms 0", "--timeout-ms"},
+      {"run --tokens -3", "negative"},
+      {"run --mgb 0", "mgb = 0"},
+      {"run --backend tpu", "backend 'tpu'"},
+      {"run --no-such-option", "no-such-option"},
+      {"run --inputs " + path("absent.safetensors"), "absent.safetensors"},
+      {"frobnicate", "frobnicate"},
+  };
+  for (const Case& c : cases) {
+    const Result r = tilemoe(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+  }
+}
+
+TEST_F(Cli, OutputIsWrittenOnSuccessAndNothingIsLeftOnFailure) {
+  const std::string out = path("out.safetensors");
+  Result r = tilemoe("run" + kSmall + "--strategy tile_signal --output " + out);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto file = safetensors::File::open(out);
+  EXPECT_EQ(file.get("output").shape, (std::vector<std::int64_t>{96, 32}));
+  for (float v : file.read_f32(file.get("output"))) ASSERT_TRUE(std::isfinite(v));
+
+  const std::string failed = path("failed.safetensors");
+  r = tilemoe("run --ranks 3 --experts 8 --output " + failed);
+  EXPECT_EQ(r.code, 2);
+  EXPECT_FALSE(fs::exists(failed));
+  for (const auto& entry : fs::directory_iterator(dir_)) EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".tmp")));
+}
+
+TEST_F(Cli, InputsAndWeightsFromFilesGiveTheDenseReferenceBitwise) {
+  // a step written in the Hugging Face layout, run by the CLI, checked against the library's
+  // dense reference on the same data
+  const std::int64_t tokens = 19, hidden = 16, ffn = 24, experts = 4;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(tokens * hidden), logits(tokens * experts);
+  for (float& v : x) v = normal(rng);
+  for (float& v : logits) v = normal(rng);
+  auto bytes = [](const std::vector<float>& v) { return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()), v.size() * 4); };
+  safetensors::write(path("inputs.safetensors"), {{"input", safetensors::ElementType::F32, {tokens, hidden}, bytes(x)},
+                                                  {"router_logits", safetensors::ElementType::F32, {tokens, experts}, bytes(logits)}});
+  std::vector<std::vector<float>> w(experts * 3);
+  std::vector<safetensors::TensorToWrite> tensors;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    for (int m = 0; m < 3; ++m) {
+      auto& values = w[static_cast<std::size_t>(e * 3 + m)];
+      values.resize(static_cast<std::size_t>(hidden * ffn));
+      for (float& v : values) v = normal(rng) * 0.2f;
+      const char* name[] = {"w1", "w3", "w2"};
+      const std::vector<std::int64_t> shape = m == 2 ? std::vector<std::int64_t>{hidden, ffn} : std::vector<std::int64_t>{ffn, hidden};
+      tensors.push_back({"model.layers.3.block_sparse_moe.experts." + std::to_string(e) + "." + name[m] + ".weight",
+                         safetensors::ElementType::F32, shape, bytes(values)});
+    }
+  }
+  safetensors::write(path("weights.safetensors"), tensors);
+
+  const Result r = tilemoe("run --ranks 2 --top-k 2 --inputs " + path("inputs.safetensors") + " --weights " +
+                           path("weights.safetensors") + " --output " + path("out.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+
+  EpWorld world = tilemoe::testing::make_world({10, 9}, hidden, ffn, experts, 2);
+  const StepInputs in = load_step_inputs(path("inputs.safetensors"), DType::BF16);
+  const auto routing = route_world(world, split_logits_by_rank(in.logits, experts, world.tokens_per_rank));
+  const auto weights = load_weights(path("weights.safetensors"), world.layer);
+  const auto dense = dense_reference(world, split_by_rank(in.input, world.tokens_per_rank), routing, weights);
+  const auto file = safetensors::File::open(path("out.safetensors"));
+  const auto got = file.bytes(file.get("output"));
+  std::vector<std::byte> expected;
+  for (const Matrix& m : dense) expected.insert(expected.end(), m.data.begin(), m.data.end());
+  ASSERT_EQ(got.size(), expected.size());
+  EXPECT_TRUE(std::equal(got.begin(), got.end(), expected.begin()));
+
+  // a file whose shapes disagree with an explicit option is refused
+  const Result mismatch = tilemoe("run --hidden 64 --inputs " + path("inputs.safetensors"));
+  EXPECT_EQ(mismatch.code, 2);
+  EXPECT_THAT(mismatch.err, HasSubstr("disagrees with"));
+}
+
+TEST_F(Cli, CorruptOrInvalidInputFilesAreBadInput) {
+  std::ofstream(path("garbage.safetensors")) << "this is not a safetensors file at all";
+  Result r = tilemoe("run --inputs " + path("garbage.safetensors"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("garbage.safetensors"));
+
+  std::vector<float> x(4 * 8, 0.5f), logits(4 * 4, 0.0f);
+  logits[9] = NAN;
+  auto bytes = [](const std::vector<float>& v) { return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()), v.size() * 4); };
+  safetensors::write(path("nan.safetensors"), {{"input", safetensors::ElementType::F32, {4, 8}, bytes(x)},
+                                               {"router_logits", safetensors::ElementType::F32, {4, 4}, bytes(logits)}});
+  r = tilemoe("run --ranks 2 --ffn-hidden 8 --top-k 1 --inputs " + path("nan.safetensors"));
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("rank 1, token 0: router logit for expert 1 is NaN"));
+}
+
+TEST_F(Cli, TraceOpensAsTraceEventJsonWithFlows) {
+  const Result r = tilemoe("run" + kSmall + "--trace " + path("trace.json"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(slurp(path("trace.json")));
+  int spans = 0, flows = 0, tracks = 0;
+  for (const auto& e : doc["traceEvents"]) {
+    spans += e["ph"] == "X";
+    flows += e["ph"] == "s";
+    tracks += e["ph"] == "M" && e["name"] == "thread_name";
+  }
+  EXPECT_GT(spans, 100);
+  EXPECT_GT(flows, 0) << "tile_signal segments wait for tile flags: arrows expected";
+  EXPECT_EQ(tracks, 3 * 4 * 3);  // 3 strategies x 4 ranks x (2 compute + 1 comm) workers
+}
+
+TEST_F(Cli, ValidatePlanPrintsSummariesAndTheVerdict) {
+  const Result r = tilemoe("validate-plan" + kSmall + "--routing one-expert");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("rank 3: comet"));
+  EXPECT_THAT(r.out, HasSubstr("verdict: ok"));
+  const Result bad = tilemoe("validate-plan --strategy tile_signal --tile-m 0");
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("tile_m = 0"));
+}
+
+TEST_F(Cli, HelpExitsZero) {
+  const Result r = tilemoe("run --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("--capacity-factor"));
+}
