@@ -1,4 +1,5 @@
 # The two entry points of a fresh machine: `make run` and `make test`.
+MAKEFLAGS += --no-print-directory
 PRESET ?= cpu
 BUILD_DIR := build/$(PRESET)
 JOBS ?= $(shell nproc)

@@ -41,10 +41,7 @@ std::int64_t split_columns(const PlanOptions& options, std::int64_t hidden) {
 std::vector<StepPlan> compile_comet(const EpWorld& world, const std::vector<Routing>& routing,
                                     const PlanOptions& options) {
   const int world_size = world.world_size();
-  std::vector<StepPlan> plans;
-  for (int rank = 0; rank < world_size; ++rank) {
-    plans.push_back(empty_plan(Strategy::Comet, world, rank, options));
-  }
+  std::vector<StepPlan> plans = empty_plans(Strategy::Comet, world, options);
   const StepLayout layout = build_layout(world, routing, SourceOrder::LocalFirstRing, 1);
   apply_layout(plans, layout, routing);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <set>
 #include <utility>
 
@@ -26,6 +27,12 @@ StepPlan empty_plan(Strategy strategy, const EpWorld& world, int rank, const Pla
   plan.tile_n0 = options.tile_n;
   plan.tile_n1 = options.tile_n;
   return plan;
+}
+
+std::vector<StepPlan> empty_plans(Strategy strategy, const EpWorld& world, const PlanOptions& options) {
+  std::vector<StepPlan> plans;
+  for (int rank = 0; rank < world.world_size(); ++rank) plans.push_back(empty_plan(strategy, world, rank, options));
+  return plans;
 }
 
 std::uint32_t new_flag(StepPlan& plan) { return plan.flag_count++; }
@@ -208,6 +215,26 @@ void add_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout,
       }
     }
   }
+}
+
+void add_alltoall_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout) {
+  const int world_size = static_cast<int>(plans.size());
+  std::map<std::pair<int, int>, std::uint32_t> counter;  // (receiver, sender) -> flag
+  add_dispatch(
+      plans, layout, [&](int src, int step) { return (src + step) % world_size; },
+      [&](int dest, std::size_t group) {
+        const int src = layout.ranks[static_cast<std::size_t>(dest)].groups[group].src_rank;
+        auto [it, added] = counter.try_emplace({dest, src}, 0u);
+        if (added) it->second = new_flag(plans[static_cast<std::size_t>(dest)]);
+        return FlagWait{it->second, 0, src};
+      });
+}
+
+std::vector<FlagWait> all_arrivals(const std::vector<StepPlan>& plans, int receiver, BufferId buffer) {
+  const ArrivalIndex arrivals = index_arrivals(plans, receiver, buffer);
+  std::vector<std::int64_t> rows(arrivals.by_row.size());
+  std::iota(rows.begin(), rows.end(), std::int64_t{0});
+  return arrival_waits(arrivals, rows, 0, plans[static_cast<std::size_t>(receiver)].buffer_cols(buffer));
 }
 
 std::vector<RowRange> token_chunks(const StepPlan& plan, const PlanOptions& options) {

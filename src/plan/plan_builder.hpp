@@ -9,8 +9,9 @@
 
 namespace tilemoe::plan_detail {
 
-// The plan of one rank with nothing scheduled yet.
+// The plan of one rank with nothing scheduled yet, and those of every rank.
 StepPlan empty_plan(Strategy strategy, const EpWorld& world, int rank, const PlanOptions& options);
+std::vector<StepPlan> empty_plans(Strategy strategy, const EpWorld& world, const PlanOptions& options);
 
 std::uint32_t new_flag(StepPlan& plan);
 std::uint32_t append_waits(StepPlan& plan, const std::vector<FlagWait>& waits);
@@ -67,6 +68,10 @@ void add_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout,
                   const std::function<int(int src, int step)>& dest_order,
                   const std::function<FlagWait(int dest, std::size_t group_index)>& arrival_flag);
 
+// The plain all-to-all dispatch: rank p sends to p, p+1, ...; each receiver has one counter
+// per sender, raised by every segment of that sender.
+void add_alltoall_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout);
+
 // Copies the layout's tables (experts, padding, combine rows and weights) into the plans.
 void apply_layout(std::vector<StepPlan>& plans, const StepLayout& layout,
                   const std::vector<Routing>& routing);
@@ -88,6 +93,9 @@ ArrivalIndex index_arrivals(const std::vector<StepPlan>& plans, int receiver, Bu
 // The waits (deduplicated) that cover rows `rows` x [col_begin, col_end) of the index.
 std::vector<FlagWait> arrival_waits(const ArrivalIndex& index, const std::vector<std::int64_t>& rows,
                                     std::int64_t col_begin, std::int64_t col_end);
+
+// The waits for every arrival into `buffer` of `receiver`: the end of an all-to-all.
+std::vector<FlagWait> all_arrivals(const std::vector<StepPlan>& plans, int receiver, BufferId buffer);
 
 // CombineIn rows read by the tokens [begin, end) of a plan (dropped slots skipped).
 std::vector<std::int64_t> combine_rows_of_tokens(const StepPlan& plan, RowRange tokens);

@@ -26,33 +26,17 @@ struct PhaseCounter {
 std::vector<StepPlan> compile_sequential(const EpWorld& world, const std::vector<Routing>& routing,
                                          const PlanOptions& options) {
   const int world_size = world.world_size();
-  std::vector<StepPlan> plans;
-  for (int rank = 0; rank < world_size; ++rank) {
-    plans.push_back(empty_plan(Strategy::Sequential, world, rank, options));
-  }
+  std::vector<StepPlan> plans = empty_plans(Strategy::Sequential, world, options);
   const StepLayout layout = build_layout(world, routing, SourceOrder::Ascending, 1);
   apply_layout(plans, layout, routing);
-
-  // dispatch: one counter per (receiver, sender)
-  std::map<std::pair<int, int>, std::uint32_t> dispatch_flag;
-  add_dispatch(
-      plans, layout, [&](int src, int step) { return (src + step) % world_size; },
-      [&](int dest, std::size_t group) {
-        const int src = layout.ranks[static_cast<std::size_t>(dest)].groups[group].src_rank;
-        auto [it, added] = dispatch_flag.try_emplace({dest, src}, 0u);
-        if (added) it->second = new_flag(plans[static_cast<std::size_t>(dest)]);
-        return FlagWait{it->second, 0, src};
-      });
+  add_alltoall_dispatch(plans, layout);
 
   // combine: one counter per (owner, expert rank)
   std::map<std::pair<int, int>, std::uint32_t> combine_flag;
   for (int rank = 0; rank < world_size; ++rank) {
     StepPlan& plan = plans[static_cast<std::size_t>(rank)];
     const RankLayout& rl = layout.ranks[static_cast<std::size_t>(rank)];
-    const ArrivalIndex arrivals = index_arrivals(plans, rank, BufferId::ExpertIn);
-    std::vector<std::int64_t> all_rows(static_cast<std::size_t>(plan.expert_rows));
-    for (std::size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = static_cast<std::int64_t>(i);
-    const std::vector<FlagWait> dispatch_done = arrival_waits(arrivals, all_rows, 0, plan.hidden);
+    const std::vector<FlagWait> dispatch_done = all_arrivals(plans, rank, BufferId::ExpertIn);
 
     PhaseCounter gemm0{new_flag(plan)}, gemm1{new_flag(plan)};
     for (int layer = 0; layer < 2; ++layer) {
@@ -98,10 +82,7 @@ std::vector<StepPlan> compile_sequential(const EpWorld& world, const std::vector
   // the top-k sum on each owner, after the whole combine all-to-all has landed
   for (int owner = 0; owner < world_size; ++owner) {
     StepPlan& plan = plans[static_cast<std::size_t>(owner)];
-    const ArrivalIndex arrivals = index_arrivals(plans, owner, BufferId::CombineIn);
-    std::vector<std::int64_t> all_rows(static_cast<std::size_t>(plan.combine_rows));
-    for (std::size_t i = 0; i < all_rows.size(); ++i) all_rows[i] = static_cast<std::int64_t>(i);
-    const std::vector<FlagWait> combine_done = arrival_waits(arrivals, all_rows, 0, plan.hidden);
+    const std::vector<FlagWait> combine_done = all_arrivals(plans, owner, BufferId::CombineIn);
     for (RowRange chunk : token_chunks(plan, options)) {
       const std::uint32_t index =
           add_combine(plan, CombineTask{chunk.begin, chunk.end, 0, plan.hidden}, combine_done);

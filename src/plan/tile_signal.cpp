@@ -30,30 +30,15 @@ struct Band {
 std::vector<StepPlan> compile_tile_signal(const EpWorld& world, const std::vector<Routing>& routing,
                                           const PlanOptions& options) {
   const int world_size = world.world_size();
-  std::vector<StepPlan> plans;
-  for (int rank = 0; rank < world_size; ++rank) {
-    plans.push_back(empty_plan(Strategy::TileSignal, world, rank, options));
-  }
+  std::vector<StepPlan> plans = empty_plans(Strategy::TileSignal, world, options);
   const StepLayout layout = build_layout(world, routing, SourceOrder::RemoteFirst, options.tile_m);
   apply_layout(plans, layout, routing);
-
-  std::map<std::pair<int, int>, std::uint32_t> dispatch_flag;  // (receiver, sender) counters
-  add_dispatch(
-      plans, layout, [&](int src, int step) { return (src + step) % world_size; },
-      [&](int dest, std::size_t group) {
-        const int src = layout.ranks[static_cast<std::size_t>(dest)].groups[group].src_rank;
-        auto [it, added] = dispatch_flag.try_emplace({dest, src}, 0u);
-        if (added) it->second = new_flag(plans[static_cast<std::size_t>(dest)]);
-        return FlagWait{it->second, 0, src};
-      });
+  add_alltoall_dispatch(plans, layout);
 
   for (int rank = 0; rank < world_size; ++rank) {
     StepPlan& plan = plans[static_cast<std::size_t>(rank)];
     const RankLayout& rl = layout.ranks[static_cast<std::size_t>(rank)];
-    const ArrivalIndex arrivals = index_arrivals(plans, rank, BufferId::ExpertIn);
-    std::vector<std::int64_t> all_rows(static_cast<std::size_t>(plan.expert_rows));
-    std::iota(all_rows.begin(), all_rows.end(), std::int64_t{0});
-    const std::vector<FlagWait> dispatch_done = arrival_waits(arrivals, all_rows, 0, plan.hidden);
+    const std::vector<FlagWait> dispatch_done = all_arrivals(plans, rank, BufferId::ExpertIn);
 
     // GEMM0 + activation, as in sequential
     const std::uint32_t gemm0_flag = new_flag(plan);
