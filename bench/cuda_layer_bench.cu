@@ -1,0 +1,254 @@
+// Benchmark of the one-GPU MoE layer: per stage and total, against the roofline floor and a
+// per-expert cuBLAS loop, with the matrix and copy rates measured in the same run.
+// CUDA events after warm-up, median of >= 20 runs, inputs rotated through more than the L2,
+// random data. Prints a table and writes JSON lines to --json FILE.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/moe_kernels.hpp"
+#include "tilemoe/cuda/moe_layer.hpp"
+
+using namespace tilemoe;
+
+namespace {
+
+#define CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                       \
+    const cublasStatus_t s_ = (call);                                                        \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                       \
+      std::fprintf(stderr, "cuBLAS error %d in %s at %s:%d\n", int(s_), #call, __FILE__, __LINE__); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() {
+    TILEMOE_CUDA_CHECK(cudaEventCreate(&a));
+    TILEMOE_CUDA_CHECK(cudaEventCreate(&b));
+  }
+  ~Timer() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  template <typename F>
+  double ms(cudaStream_t s, F&& f) {
+    TILEMOE_CUDA_CHECK(cudaEventRecord(a, s));
+    f();
+    TILEMOE_CUDA_CHECK(cudaEventRecord(b, s));
+    TILEMOE_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    return t;
+  }
+};
+
+// D[M][N] = A[M][K] * B[N][K]^T, row-major, through cuBLAS (column-major: D^T = B A^T).
+void cublas_gemm(cublasHandle_t h, const __nv_bfloat16* A, const __nv_bfloat16* B, __nv_bfloat16* D, int M, int N, int K) {
+  const float one = 1.0f, zero = 0.0f;
+  CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_16BF, K, A, CUDA_R_16BF, K, &zero, D,
+                            CUDA_R_16BF, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+struct Rates {
+  double matrix_tflops = 0, copy_gbps = 0;
+};
+
+Rates measure_rates(cudaStream_t s, cublasHandle_t h) {
+  Rates r;
+  const int n = 8192;
+  __nv_bfloat16 *a, *b, *c;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&a, std::size_t(n) * n * 2));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&b, std::size_t(n) * n * 2));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&c, std::size_t(n) * n * 2));
+  cuda::launch_random_bf16(s, a, std::size_t(n) * n, 11, 1.0f);
+  cuda::launch_random_bf16(s, b, std::size_t(n) * n, 12, 1.0f);
+  Timer t;
+  std::vector<double> times;
+  for (int i = 0; i < 13; ++i) {
+    const double ms = t.ms(s, [&] { cublas_gemm(h, a, b, c, n, n, n); });
+    if (i >= 3) times.push_back(ms);
+  }
+  r.matrix_tflops = 2.0 * n * n * double(n) / (median(times) * 1e-3) / 1e12;
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  const std::size_t bytes = std::size_t(4) << 30;
+  char *src, *dst;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&src, bytes));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  TILEMOE_CUDA_CHECK(cudaMemset(src, 1, bytes));
+  times.clear();
+  for (int i = 0; i < 13; ++i) {
+    const double ms = t.ms(s, [&] { TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s)); });
+    if (i >= 3) times.push_back(ms);
+  }
+  r.copy_gbps = 2.0 * double(bytes) / (median(times) * 1e-3) / 1e9;  // read + write
+  cudaFree(src);
+  cudaFree(dst);
+  return r;
+}
+
+struct Shape {
+  const char* name;
+  int hidden, ffn, experts, top_k;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  try {
+    cudaStream_t s;
+    TILEMOE_CUDA_CHECK(cudaStreamCreate(&s));
+    cublasHandle_t h;
+    CUBLAS_CHECK(cublasCreate(&h));
+    CUBLAS_CHECK(cublasSetStream(h, s));
+    const Rates rates = measure_rates(s, h);
+    std::printf("measured rates: cuBLAS bf16 8192^3 %.0f TFLOP/s, device copy %.0f GB/s (read + write)\n",
+                rates.matrix_tflops, rates.copy_gbps);
+    if (json) std::fprintf(json, "{\"kind\":\"rates\",\"matrix_tflops\":%.1f,\"copy_gbps\":%.1f}\n", rates.matrix_tflops, rates.copy_gbps);
+
+    const std::vector<Shape> shapes = {{"mixtral-8x7b", 4096, 14336, 8, 2},
+                                       {"qwen3-30b-a3b", 2048, 768, 128, 8},
+                                       {"deepseek-v3", 7168, 2048, 256, 8}};
+    const std::vector<int> token_counts = quick ? std::vector<int>{4096} : std::vector<int>{512, 4096, 16384};
+    std::printf("%-14s %6s %-8s | %8s %8s %8s %8s %8s %8s %8s | %9s %7s %7s | %9s %9s %6s\n", "shape", "tokens", "routing",
+                "router", "layout", "permute", "gemm0", "act", "gemm1", "combine", "total ms", "TFLOP/s", "x floor",
+                "ffn ms", "cublas ffn", "ratio");
+    for (const Shape& shape : shapes) {
+      for (int tokens : token_counts) {
+        MoeConfig config;
+        config.tokens = tokens;
+        config.hidden = shape.hidden;
+        config.ffn_hidden = shape.ffn;
+        config.num_experts = shape.experts;
+        config.top_k = shape.top_k;
+        cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{7});
+        const std::size_t in_elems = std::size_t(tokens) * shape.hidden;
+        const int rotations = static_cast<int>(std::clamp<std::size_t>((256u << 20) / (in_elems * 2) + 1, 2, 32));
+        std::vector<__nv_bfloat16*> inputs(rotations);
+        for (int r = 0; r < rotations; ++r) {
+          TILEMOE_CUDA_CHECK(cudaMalloc(&inputs[r], in_elems * 2));
+          cuda::launch_random_bf16(s, inputs[r], in_elems, 100 + r, 1.0f);
+        }
+        __nv_bfloat16* output;
+        TILEMOE_CUDA_CHECK(cudaMalloc(&output, in_elems * 2));
+        float* logits;
+        TILEMOE_CUDA_CHECK(cudaMalloc(&logits, std::size_t(tokens) * shape.experts * 4));
+        for (const char* routing : {"balanced", "skewed"}) {
+          std::vector<float> host_logits(std::size_t(tokens) * shape.experts);
+          std::mt19937_64 rng(tokens * 31 + shape.experts);
+          std::normal_distribution<float> normal(0.0f, 1.0f);
+          for (std::size_t i = 0; i < host_logits.size(); ++i) {
+            const int e = static_cast<int>(i % shape.experts);
+            host_logits[i] = normal(rng) - (routing[0] == 's' ? 1.5f * std::log(float(e + 1)) : 0.0f);
+          }
+          TILEMOE_CUDA_CHECK(cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
+          cuda::StageEvents events;
+          for (auto& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreate(&e));
+          std::vector<std::vector<double>> stage(cuda::kStageCount);
+          std::vector<double> total;
+          for (int run = 0; run < 28; ++run) {
+            layer.forward(s, inputs[run % rotations], logits, output, tokens, &events);
+            layer.check(s);
+            if (run < 3) continue;
+            for (int st = 0; st < cuda::kStageCount; ++st) {
+              float ms = 0;
+              TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[st], events.boundary[st + 1]));
+              stage[st].push_back(ms);
+            }
+            float ms = 0;
+            TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[0], events.boundary[cuda::kStageCount]));
+            total.push_back(ms);
+          }
+          // the cuBLAS per-expert loop on the same permuted rows (host needs the counts: baseline only)
+          std::vector<int> offsets(shape.experts + 1);
+          TILEMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), layer.row_offset(), offsets.size() * 4, cudaMemcpyDeviceToHost));
+          const std::size_t R = std::size_t(tokens) * shape.top_k;
+          __nv_bfloat16 *hbuf, *abuf, *ybuf;
+          TILEMOE_CUDA_CHECK(cudaMalloc(&hbuf, R * 2 * shape.ffn * 2));
+          TILEMOE_CUDA_CHECK(cudaMalloc(&abuf, R * shape.ffn * 2));
+          TILEMOE_CUDA_CHECK(cudaMalloc(&ybuf, R * shape.hidden * 2));
+          Timer timer;
+          std::vector<double> cublas_ffn;
+          for (int run = 0; run < 13; ++run) {
+            const double ms = timer.ms(s, [&] {
+              for (int e = 0; e < shape.experts; ++e) {
+                const int m = offsets[e + 1] - offsets[e];
+                if (m == 0) continue;
+                cublas_gemm(h, layer.permuted_rows() + std::size_t(offsets[e]) * shape.hidden,
+                            layer.expert_weights0() + std::size_t(e) * 2 * shape.ffn * shape.hidden,
+                            hbuf + std::size_t(offsets[e]) * 2 * shape.ffn, m, 2 * shape.ffn, shape.hidden);
+              }
+              cuda::launch_activation(s, hbuf, static_cast<int>(R), shape.ffn, false, abuf);
+              for (int e = 0; e < shape.experts; ++e) {
+                const int m = offsets[e + 1] - offsets[e];
+                if (m == 0) continue;
+                cublas_gemm(h, abuf + std::size_t(offsets[e]) * shape.ffn,
+                            layer.expert_weights2() + std::size_t(e) * shape.hidden * shape.ffn,
+                            ybuf + std::size_t(offsets[e]) * shape.hidden, m, shape.hidden, shape.ffn);
+              }
+            });
+            if (run >= 3) cublas_ffn.push_back(ms);
+          }
+          cudaFree(hbuf);
+          cudaFree(abuf);
+          cudaFree(ybuf);
+          int used_experts = 0;
+          for (int e = 0; e < shape.experts; ++e) used_experts += offsets[e + 1] > offsets[e];
+          const double H = shape.hidden, F = shape.ffn;
+          const double flops = 2.0 * R * H * 2 * F + 2.0 * R * F * H;
+          const double weight_bytes = used_experts * (2 * F * H + H * F) * 2.0;
+          // the traffic of a layer with SwiGLU fused into GEMM0: x read, out written, the permuted
+          // rows, the activation and the expert outputs each written once and read once (bf16)
+          const double act_bytes = 2.0 * (2.0 * tokens * H + 4.0 * R * H + 2.0 * R * F);
+          const double floor_ms = std::max(flops / (rates.matrix_tflops * 1e12), (weight_bytes + act_bytes) / (rates.copy_gbps * 1e9)) * 1e3;
+          const double total_ms = median(total);
+          const double ffn_ms = median(stage[cuda::kGemm0]) + median(stage[cuda::kActivation]) + median(stage[cuda::kGemm1]);
+          std::printf("%-14s %6d %-8s |", shape.name, tokens, routing);
+          for (int st = 0; st < cuda::kStageCount; ++st) std::printf(" %8.3f", median(stage[st]));
+          std::printf(" | %9.3f %7.0f %7.2f | %9.3f %9.3f %6.2f\n", total_ms, flops / (total_ms * 1e-3) / 1e12, total_ms / floor_ms,
+                      ffn_ms, median(cublas_ffn), median(cublas_ffn) / ffn_ms);
+          if (json) {
+            std::fprintf(json, "{\"kind\":\"layer\",\"shape\":\"%s\",\"tokens\":%d,\"routing\":\"%s\",\"total_ms\":%.4f,\"floor_ms\":%.4f,"
+                         "\"ffn_ms\":%.4f,\"cublas_loop_ffn_ms\":%.4f,\"flops\":%.4e,\"bytes\":%.4e",
+                         shape.name, tokens, routing, total_ms, floor_ms, ffn_ms, median(cublas_ffn), flops, weight_bytes + act_bytes);
+            for (int st = 0; st < cuda::kStageCount; ++st) std::fprintf(json, ",\"%s_ms\":%.4f", cuda::stage_name(st), median(stage[st]));
+            std::fprintf(json, "}\n");
+            std::fflush(json);
+          }
+          for (auto& e : events.boundary) cudaEventDestroy(e);
+        }
+        for (auto* p : inputs) cudaFree(p);
+        cudaFree(output);
+        cudaFree(logits);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench failed: %s\n", e.what());
+    return 1;
+  }
+  if (json) std::fclose(json);
+  return 0;
+}

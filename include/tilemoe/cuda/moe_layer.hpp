@@ -1,0 +1,69 @@
+#pragma once
+// A whole MoE forward step on one GPU (expert parallel size 1): router, layout, permute,
+// GEMM0 + activation, GEMM1, combine. Everything is enqueued on the caller's stream with no
+// host synchronisation, so a forward of a fixed token count can be captured in a CUDA graph.
+// Storage bf16, accumulation fp32; the routing-dependent counts never leave the device.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "tilemoe/config.hpp"
+#include "tilemoe/routing.hpp"
+#include "tilemoe/weights.hpp"
+
+namespace tilemoe::cuda {
+
+// Events recorded between the stages of a forward, for per-stage timing.
+enum Stage { kRouter, kLayout, kPermute, kGemm0, kActivation, kGemm1, kCombine, kStageCount };
+const char* stage_name(int stage);
+struct StageEvents {
+  cudaEvent_t boundary[kStageCount + 1];  // boundary[s] before stage s, boundary[kStageCount] at the end
+};
+
+// Weights drawn on the device (uniform, scaled to keep activations O(1)), for benchmarks of
+// layers whose weights would take minutes to make and upload from the host.
+struct RandomDeviceWeights {
+  std::uint64_t seed = 1;
+};
+
+class MoeLayer {
+ public:
+  // `config.tokens` is the largest token count forward() will be given; workspaces are sized
+  // for it once. Weights are uploaded (bf16) to `device`. Bad input (fp32 storage, capacity
+  // factor > 0, more than 1024 experts) is a bad-input error: the CUDA backend does not do
+  // them yet.
+  MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device = 0);
+  MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device = 0);
+  ~MoeLayer();
+  MoeLayer(const MoeLayer&) = delete;
+  MoeLayer& operator=(const MoeLayer&) = delete;
+
+  // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32, output [tokens, hidden]
+  // bf16: device pointers, 16-byte aligned. tokens <= config.tokens.
+  void forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits, __nv_bfloat16* output,
+               std::int64_t tokens, const StageEvents* events = nullptr);
+
+  // Device pointers of the last forward's intermediate tables, for baselines that reuse them.
+  const int* row_offset() const;            // [E + 1]
+  const __nv_bfloat16* permuted_rows() const;  // [T*k, hidden]
+  const __nv_bfloat16* expert_weights0() const;  // [E][2*ffn (gate/up interleaved) or ffn][hidden]
+  const __nv_bfloat16* expert_weights2() const;  // [E][hidden][ffn]
+
+  // Waits for the stream and throws what the last forward found on the device: a NaN or
+  // infinite router logit is a bad-input error naming the token.
+  void check(cudaStream_t stream);
+
+  // The routing the last forward used (waits for the stream), to check the expert path
+  // against the CPU oracle on exactly the same choices.
+  Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;
+
+  const MoeConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tilemoe::cuda

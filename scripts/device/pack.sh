@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Builds the cuda preset here and copies the GPU programs into build/device-bin, the folder a
+# device call carries (the device machine has no package registry to build the CPU-side
+# dependencies from).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+scripts/bootstrap.sh
+cmake --preset cuda >/dev/null
+cmake --build --preset cuda -j "$(nproc)" --target test_moe_layer test_grouped_gemm cuda_layer_bench
+rm -rf build/device-bin
+mkdir -p build/device-bin
+cp build/cuda/src/exec/cuda/{test_moe_layer,test_grouped_gemm,cuda_layer_bench} build/device-bin/
+du -sh build/device-bin

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The one script of a device call: runs the GPU tests, compute-sanitizer and the benchmarks
+# from the binaries built here (scripts/device/pack.sh puts them in build/device-bin, which the
+# call carries), and leaves everything under $OUT: log.txt (all output), gpu.txt,
+# bench.json, torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
+out=${OUT:?OUT must name the results folder}
+bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(gemm layer memcheck racecheck bench torch)
+log="$out/log.txt"
+status=0
+
+run_step() {
+  local name=$1
+  shift
+  echo "== $name: $*" | tee -a "$log"
+  local start=$SECONDS
+  "$@" >>"$log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$log"
+  [ $rc -eq 0 ] || status=1
+}
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/gpu.txt" 2>&1
+git rev-parse HEAD >>"$out/gpu.txt" 2>/dev/null || true
+for step in "${steps[@]}"; do
+  case $step in
+    gemm) run_step gemm "$bin/test_grouped_gemm" ;;
+    layer) run_step layer "$bin/test_moe_layer" ;;
+    memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
+    racecheck) run_step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
+    bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
+    bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
+    torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
+    torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
+    *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
+  esac
+done
+grep -E "FAIL|passed|failure|ERROR SUMMARY|measured rates" "$log" | tail -n 40
+exit $status

@@ -1,0 +1,43 @@
+#pragma once
+// The non-GEMM kernels of a MoE step on one GPU. All take their sizes from the host (fixed per
+// launch: graph-capturable) and their routing-dependent counts from device memory.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tilemoe::cuda {
+
+// p[0 .. n) = uniform(-scale, scale) rounded to bf16, from a counter-based hash of (seed, i).
+void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale);
+
+// p[0 .. n) = value.
+void launch_fill(cudaStream_t stream, int* p, int n, int value);
+
+// Softmax over E logits, top-k (ties to the lower id, slots in descending weight), optional
+// renormalisation; one warp per token. E <= 1024. A NaN/Inf logit makes `error_token` the
+// smallest such token index (atomicMin; initialise it to INT_MAX).
+void launch_router(cudaStream_t stream, const float* logits, int tokens, int experts, int top_k, bool renormalize,
+                   std::int32_t* expert, float* weight, int* error_token);
+
+// Layout of the routed rows: expert-major, tokens ascending inside an expert (a stable sort of
+// the slots by expert id). Writes row_offset[E + 1], slot_of_row[T*k] (which slot each row
+// holds) and row_of_slot[T*k] (its inverse). `temp` is scratch of layout_temp_bytes().
+std::size_t layout_temp_bytes(int slots, int experts);
+void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, int experts, void* temp,
+                   std::size_t temp_bytes, std::int32_t* sorted_expert, int* row_offset, int* slot_of_row,
+                   int* row_of_slot);
+
+// rows_out[i] = x[slot_of_row[i] / top_k], 16-byte vectors (hidden % 8 == 0).
+void launch_permute(cudaStream_t stream, const __nv_bfloat16* x, int hidden, int top_k, const int* slot_of_row,
+                    int rows, __nv_bfloat16* rows_out);
+
+// act[i][c] = silu(h[i][2c]) * h[i][2c+1] (gate/up interleaved), or gelu(h[i][c]) when gelu.
+void launch_activation(cudaStream_t stream, const __nv_bfloat16* h, int rows, int ffn, bool gelu, __nv_bfloat16* act);
+
+// out[t] = sum over slots j in order of weight[t*k+j] * y[row_of_slot[t*k+j]], fp32, rounded once.
+void launch_combine(cudaStream_t stream, const __nv_bfloat16* y, const float* weight, const int* row_of_slot,
+                    int tokens, int top_k, int hidden, __nv_bfloat16* out);
+
+}  // namespace tilemoe::cuda

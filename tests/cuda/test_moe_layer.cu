@@ -1,0 +1,180 @@
+// GPU test of the one-GPU MoE layer against the CPU executor and an fp64 reference, on fresh
+// random data, outputs poisoned before every run. A plain program (not in ctest: CI has no
+// GPU); scripts/device/run.sh runs it. Exit code 0 only if every check passed.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cpu_executor.hpp"
+#include "tilemoe/cuda/moe_layer.hpp"
+#include "tilemoe/error.hpp"
+#include "tilemoe/reference.hpp"
+#include "tilemoe/synthetic.hpp"
+
+using namespace tilemoe;
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  std::printf("  [%s] %s\n", ok ? "ok" : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+struct Case {
+  std::string name;
+  std::int64_t tokens, hidden, ffn, experts, top_k;
+  Activation activation = Activation::SwiGLU;
+  bool renormalize = false;
+  RoutingPattern pattern = RoutingPattern::Balanced;
+};
+
+template <typename T>
+T* device_copy(const void* host, std::size_t bytes) {
+  T* p = nullptr;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&p, bytes > 0 ? bytes : 16));
+  if (bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice));
+  return p;
+}
+
+void run_case(const Case& c, std::uint64_t seed) {
+  std::printf("%s: T %lld, hidden %lld, ffn %lld, E %lld, top-%lld, %s%s, %s routing\n", c.name.c_str(),
+              (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts, (long long)c.top_k,
+              std::string(activation_name(c.activation)).c_str(), c.renormalize ? ", renormalised" : "",
+              std::string(routing_pattern_name(c.pattern)).c_str());
+  EpWorld world;
+  world.tokens_per_rank = {c.tokens};
+  world.layer.hidden = c.hidden;
+  world.layer.ffn_hidden = c.ffn;
+  world.layer.num_experts = c.experts;
+  world.layer.top_k = c.top_k;
+  world.layer.activation = c.activation;
+  world.layer.renormalize = c.renormalize;
+  world.layer.dtype = DType::BF16;
+  const SyntheticStep step = synthetic_step(world, c.pattern, seed);
+  const ExpertWeights weights = random_weights(world.layer, seed + 1);
+  MoeConfig config = world.rank_config(0);
+
+  cuda::MoeLayer layer(config, weights);
+  cudaStream_t stream;
+  TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
+  const std::size_t out_bytes = static_cast<std::size_t>(c.tokens * c.hidden) * 2;
+  auto* input = device_copy<__nv_bfloat16>(step.inputs[0].data.data(), step.inputs[0].data.size());
+  auto* logits = device_copy<float>(step.logits[0].data(), step.logits[0].size() * 4);
+  __nv_bfloat16* output = nullptr;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&output, out_bytes > 0 ? out_bytes : 16));
+
+  std::vector<Matrix> runs;
+  for (int run = 0; run < 2; ++run) {
+    TILEMOE_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_bytes, stream));  // NaN poison
+    layer.forward(stream, input, logits, output, c.tokens);
+    layer.check(stream);
+    Matrix out(DType::BF16, c.tokens, c.hidden);
+    if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out_bytes, cudaMemcpyDeviceToHost));
+    runs.push_back(std::move(out));
+  }
+  expect(runs[0].bitwise_equal(runs[1]), "the same inputs give bitwise-identical outputs run after run");
+
+  // the routing kernel against the CPU's
+  const Routing gpu_routing = layer.last_routing(stream, c.tokens);
+  const Routing cpu_routing = route(config, step.logits[0], 0);
+  std::int64_t id_mismatch = 0;
+  double weight_diff = 0;
+  for (std::size_t s = 0; s < gpu_routing.expert.size(); ++s) {
+    id_mismatch += gpu_routing.expert[s] != cpu_routing.expert[s];
+    weight_diff = std::max(weight_diff, std::abs(double(gpu_routing.weight[s]) - cpu_routing.weight[s]));
+  }
+  expect(id_mismatch * 1000 <= static_cast<std::int64_t>(gpu_routing.expert.size()) && weight_diff < 1e-5,
+         "router: " + std::to_string(id_mismatch) + " of " + std::to_string(gpu_routing.expert.size()) +
+             " expert ids differ from the CPU (near ties only), max weight difference " + std::to_string(weight_diff));
+
+  // the expert path against the CPU executor and fp64, on the GPU's routing
+  const std::vector<Routing> routing = {gpu_routing};
+  const auto plans = compile_plan(Strategy::Sequential, world, routing, PlanOptions{});
+  const StepRun cpu = run_step(plans, weights, step.inputs);
+  const ErrorStats vs_cpu = compare({runs[0]}, cpu.outputs);
+  const ErrorStats vs_fp64 = compare({runs[0]}, fp64_reference(world, step.inputs, routing, weights));
+  const ErrorStats cpu_vs_fp64 = compare(cpu.outputs, fp64_reference(world, step.inputs, routing, weights));
+  char text[200];
+  std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e (CPU executor: %.2e), vs the CPU executor %.2e",
+                vs_fp64.relative_frobenius, cpu_vs_fp64.relative_frobenius, vs_cpu.relative_frobenius);
+  expect(vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2, text);
+
+  cudaFree(input);
+  cudaFree(logits);
+  cudaFree(output);
+  cudaStreamDestroy(stream);
+}
+
+void nan_logits_are_reported() {
+  std::printf("NaN logits\n");
+  MoeConfig config;
+  config.tokens = 40;
+  config.hidden = 64;
+  config.ffn_hidden = 64;
+  config.num_experts = 8;
+  config.top_k = 2;
+  const ExpertWeights weights = random_weights(config, 3);
+  cuda::MoeLayer layer(config, weights);
+  std::vector<std::uint16_t> x(40 * 64, 0x3f80);
+  std::vector<float> logits(40 * 8, 0.25f);
+  logits[17 * 8 + 5] = NAN;
+  logits[30 * 8 + 1] = INFINITY;
+  auto* input = device_copy<__nv_bfloat16>(x.data(), x.size() * 2);
+  auto* d_logits = device_copy<float>(logits.data(), logits.size() * 4);
+  __nv_bfloat16* output = nullptr;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&output, x.size() * 2));
+  layer.forward(nullptr, input, d_logits, output, 40);
+  bool reported = false;
+  try {
+    layer.check(nullptr);
+  } catch (const Error& e) {
+    reported = e.kind() == ErrorKind::BadInput && std::strstr(e.what(), "token 17") != nullptr;
+    std::printf("  message: %s\n", e.what());
+  }
+  expect(reported, "a NaN logit is a bad-input error naming the first bad token");
+  cudaFree(input);
+  cudaFree(d_logits);
+  cudaFree(output);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // --small: only the small cases, for compute-sanitizer
+  const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
+  try {
+    const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
+    const std::vector<Case> cases = {
+        {"small", 300, 512, 768, 16, 4},
+        {"mixtral-like", 256, 1024, 1792, 8, 2},
+        {"deepseek-like", 128, 896, 256, 64, 8, Activation::SwiGLU, true, RoutingPattern::Skewed},
+        {"zero tokens", 0, 256, 256, 8, 2},
+        {"all to one expert", 129, 256, 512, 8, 1, Activation::SwiGLU, false, RoutingPattern::OneExpert},
+        {"top_k = E", 33, 128, 128, 4, 4},
+        {"hidden 8, odd tokens", 7, 8, 8, 4, 2},
+        {"gelu", 77, 256, 384, 8, 2, Activation::GELU},
+        {"1024 experts", 64, 128, 128, 1024, 8},
+    };
+    std::uint64_t n = 0;
+    for (const Case& c : cases) {
+      ++n;
+      if (small && c.tokens * c.hidden * c.ffn > 8'000'000) continue;
+      run_case(c, seed + 1000 * n);
+    }
+    nan_logits_are_reported();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
+  return failures ? 1 : 0;
+}
