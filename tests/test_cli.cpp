@@ -100,10 +100,13 @@ TEST_F(Cli, BadInputExitsWithTwoAndSaysWhatToChange) {
       {"run --timeout-ms 0", "--timeout-ms"},
       {"run --tokens -3", "negative"},
       {"run --mgb 0", "mgb = 0"},
-      {"run --backend tpu", "backend 'tpu'"},
+      {"run --backend tpu", "unknown backend 'tpu'"},
       {"run --no-such-option", "no-such-option"},
       {"run --inputs " + path("absent.safetensors"), "absent.safetensors"},
       {"frobnicate", "frobnicate"},
+#ifndef TILEMOE_WITH_CUDA
+      {"run --backend cuda --ranks 1", "this build has no CUDA backend"},
+#endif
   };
   for (const Case& c : cases) {
     const Result r = tilemoe(c.args);

@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "commands.hpp"
+#ifdef TILEMOE_WITH_CUDA
+#include "cuda_step.hpp"
+#endif
 #include "progress.hpp"
 #include "step_options.hpp"
 #include "tilemoe/cpu_executor.hpp"
@@ -47,12 +50,50 @@ struct StrategyResult {
 // skipped so that large runs stay practical (the bitwise check still runs).
 constexpr double kMaxFp64Work = 4e9;
 
+// --backend cuda: the GPU forward of one rank, checked against the CPU executor and fp64 on the
+// routing the GPU chose (across backends the criterion is bf16 tolerance, not bitwise).
+int run_cuda(const RunOptions& options, const PreparedStep& step) {
+#ifdef TILEMOE_WITH_CUDA
+  const CudaStepOutput gpu = run_cuda_step(step);
+  const auto plans = compile_plan(Strategy::Sequential, step.world, gpu.routing, options.step.plan);
+  const StepRun cpu = run_step(plans, step.weights, step.inputs);
+  const ErrorStats vs_cpu = compare(gpu.outputs, cpu.outputs);
+  const ErrorStats vs_fp64 = compare(gpu.outputs, fp64_reference(step.world, step.inputs, gpu.routing, step.weights));
+  const bool ok = vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2;
+  if (options.json) {
+    nlohmann::json doc = {{"backend", "cuda"}, {"source", step.source}, {"forward_ms", gpu.forward_ms},
+                          {"max_abs_error_vs_cpu", vs_cpu.max_abs}, {"relative_error_vs_cpu", vs_cpu.relative_frobenius},
+                          {"relative_error_vs_fp64", vs_fp64.relative_frobenius}, {"within_tolerance", ok}};
+    std::printf("%s\n", doc.dump(2).c_str());
+  } else {
+    std::printf("tilemoe run: backend cuda, 1 rank, %lld tokens, hidden %lld, ffn %lld, %lld experts, top-%lld, %s\n",
+                static_cast<long long>(step.world.tokens_per_rank[0]), static_cast<long long>(step.world.layer.hidden),
+                static_cast<long long>(step.world.layer.ffn_hidden), static_cast<long long>(step.world.layer.num_experts),
+                static_cast<long long>(step.world.layer.top_k), step.source.c_str());
+    std::printf("%-12s %10s %16s %14s %14s %10s\n", "strategy", "gpu ms", "max|err| cpu", "rel err cpu", "rel err fp64", "tolerance");
+    std::printf("%-12s %10.3f %16.3g %14.2e %14.2e %10s\n", "sequential", gpu.forward_ms, vs_cpu.max_abs, vs_cpu.relative_frobenius,
+                vs_fp64.relative_frobenius, ok ? "ok" : "EXCEEDED");
+  }
+  if (!ok) {
+    std::fprintf(stderr, "tilemoe: the GPU output is outside bf16 tolerance; nothing written to --output\n");
+    return 1;
+  }
+  if (!options.output_path.empty()) write_step_output(options.output_path, gpu.outputs);
+  return 0;
+#else
+  (void)options;
+  (void)step;
+  throw_bad_input("this build has no CUDA backend: build the cuda preset (make run PRESET=cuda) or use --backend cpu");
+#endif
+}
+
 int run(const RunOptions& options) {
-  if (options.backend != "cpu") {
-    throw_bad_input("backend '" + options.backend + "' is not available in this build: use --backend cpu");
+  if (options.backend != "cpu" && options.backend != "cuda") {
+    throw_bad_input("unknown backend '" + options.backend + "': use cpu or cuda");
   }
   if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
   const PreparedStep step = prepare_step(options.step);
+  if (options.backend == "cuda") return run_cuda(options, step);
   std::vector<Strategy> strategies;
   if (options.strategy == "all") {
     strategies = {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet};
@@ -162,7 +203,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<RunOptions>();
   CLI::App* command = app.add_subcommand("run", "run one MoE forward step for each strategy and check it against the references");
   options->step.add_to(*command);
-  command->add_option("--backend", options->backend, "cpu (the CUDA backend comes with the CUDA build)")->capture_default_str();
+  command->add_option("--backend", options->backend, "cpu, or cuda (one rank, in a cuda-preset build)")->capture_default_str();
   command->add_option("--strategy", options->strategy, "all, sequential, tile_signal or comet")->capture_default_str();
   command->add_option("--output", options->output_path, "write the output [T, hidden] as safetensors ('output')");
   command->add_option("--trace", options->trace_path, "write a Chrome/Perfetto trace-event JSON of every strategy's step");

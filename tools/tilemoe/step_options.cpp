@@ -91,6 +91,7 @@ PreparedStep prepare_step(const StepOptions& options) {
     step.source = "synthetic " + o.routing + " routing, seed " + std::to_string(o.seed);
   }
   step.routing = route_world(step.world, logits);
+  step.logits = std::move(logits);
   if (!o.weights_path.empty()) {
     step.weights = load_weights(o.weights_path, layer);
     step.source += ", weights from " + o.weights_path;

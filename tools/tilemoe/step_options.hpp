@@ -41,6 +41,7 @@ struct StepOptions {
 struct PreparedStep {
   EpWorld world;
   std::vector<Matrix> inputs;
+  std::vector<std::vector<float>> logits;  // per rank, [tokens, experts]
   std::vector<Routing> routing;
   ExpertWeights weights;
   std::string source;  // what the data is, for the report
