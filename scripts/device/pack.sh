@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 scripts/bootstrap.sh
 cmake --preset cuda >/dev/null
-cmake --build --preset cuda -j "$(nproc)" --target test_moe_layer test_grouped_gemm cuda_layer_bench
+cmake --build --preset cuda -j "$(nproc)" --target test_moe_layer test_grouped_gemm cuda_layer_bench tilemoe
 rm -rf build/device-bin
 mkdir -p build/device-bin
-cp build/cuda/src/exec/cuda/{test_moe_layer,test_grouped_gemm,cuda_layer_bench} build/device-bin/
+cp build/cuda/src/exec/cuda/{test_moe_layer,test_grouped_gemm,cuda_layer_bench} build/cuda/tools/tilemoe/tilemoe build/device-bin/
 du -sh build/device-bin

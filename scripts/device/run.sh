@@ -8,7 +8,9 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm layer memcheck racecheck bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm layer cli memcheck racecheck bench torch)
+# cuBLAS comes with the toolkit; make sure the loader finds it
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
 status=0
 
@@ -33,6 +35,7 @@ for step in "${steps[@]}"; do
     racecheck) run_step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
+    cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
     *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
