@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/grouped_gemm.hpp"
 #include "exec/cuda/moe_kernels.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 
@@ -212,6 +213,27 @@ int main(int argc, char** argv) {
             });
             if (run >= 3) cublas_ffn.push_back(ms);
           }
+          // each GEMM configuration on the same rows, to calibrate the choice of MoeLayer
+          const cuda::GemmConfig configs[] = {cuda::GemmConfig::Coop128x256Cluster2x1, cuda::GemmConfig::Coop128x256Cluster1x2,
+                                              cuda::GemmConfig::Coop256x128Cluster2x1};
+          const char* config_names[] = {"coop128x256_c2x1", "coop128x256_c1x2", "coop256x128_c2x1"};
+          std::string config_report;
+          for (int ci = 0; ci < 3; ++ci) {
+            cuda::GroupedGemm g0(configs[ci], shape.experts, 0), g1(configs[ci], shape.experts, 0);
+            std::vector<double> t0, t1;
+            for (int run = 0; run < 13; ++run) {
+              const double a = timer.ms(s, [&] {
+                g0.run(s, shape.experts, layer.row_offset(), layer.permuted_rows(), layer.expert_weights0(), hbuf, 2 * shape.ffn, shape.hidden);
+              });
+              const double b = timer.ms(s, [&] {
+                g1.run(s, shape.experts, layer.row_offset(), abuf, layer.expert_weights2(), ybuf, shape.hidden, shape.ffn);
+              });
+              if (run >= 3) t0.push_back(a), t1.push_back(b);
+            }
+            char text[160];
+            std::snprintf(text, sizeof text, "%s\"%s\":[%.4f,%.4f]", ci ? "," : "", config_names[ci], median(t0), median(t1));
+            config_report += text;
+          }
           cudaFree(hbuf);
           cudaFree(abuf);
           cudaFree(ybuf);
@@ -235,6 +257,7 @@ int main(int argc, char** argv) {
                          "\"ffn_ms\":%.4f,\"cublas_loop_ffn_ms\":%.4f,\"flops\":%.4e,\"bytes\":%.4e",
                          shape.name, tokens, routing, total_ms, floor_ms, ffn_ms, median(cublas_ffn), flops, weight_bytes + act_bytes);
             for (int st = 0; st < cuda::kStageCount; ++st) std::fprintf(json, ",\"%s_ms\":%.4f", cuda::stage_name(st), median(stage[st]));
+            std::fprintf(json, ",\"gemm_configs_ms\":{%s}", config_report.c_str());
             std::fprintf(json, "}\n");
             std::fflush(json);
           }

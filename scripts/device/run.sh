@@ -26,13 +26,13 @@ run_step() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/gpu.txt" 2>&1
-git rev-parse HEAD >>"$out/gpu.txt" 2>/dev/null || true
+cat "$bin/COMMIT" >>"$out/gpu.txt" 2>/dev/null || true
 for step in "${steps[@]}"; do
   case $step in
     gemm) run_step gemm "$bin/test_grouped_gemm" ;;
     layer) run_step layer "$bin/test_moe_layer" ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
-    racecheck) run_step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
+    racecheck) run_step racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;

@@ -133,18 +133,31 @@ __global__ void permute_kernel(const uint4* __restrict__ x, int vectors_per_row,
 __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
+// Eight outputs per thread: 16-byte loads and stores (ffn % 8 == 0).
 __global__ void activation_kernel(const __nv_bfloat16* __restrict__ h, long long rows, int ffn, bool use_gelu,
                                   __nv_bfloat16* __restrict__ act) {
-  const long long total = rows * ffn;
-  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  const long long groups = rows * ffn / 8;
+  for (long long g = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float out[8];
     if (use_gelu) {
-      act[i] = __float2bfloat16_rn(gelu(__bfloat162float(h[i])));
+      const uint4 v = reinterpret_cast<const uint4*>(h)[g];
+      const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+      for (int q = 0; q < 4; ++q) {
+        out[2 * q] = gelu(__bfloat162float(p[q].x));
+        out[2 * q + 1] = gelu(__bfloat162float(p[q].y));
+      }
     } else {
-      const long long row = i / ffn, c = i % ffn;
-      const __nv_bfloat162 pair = reinterpret_cast<const __nv_bfloat162*>(h)[row * ffn + c];
-      act[i] = __float2bfloat16_rn(silu(__bfloat162float(pair.x)) * __bfloat162float(pair.y));
+      // outputs 8g .. 8g+7 read the gate/up pairs 16g .. 16g+15 of the same row (ffn % 8 == 0)
+      const uint4* src = reinterpret_cast<const uint4*>(h) + 2 * g;
+      const uint4 v[2] = {src[0], src[1]};
+      const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(v);
+      for (int q = 0; q < 8; ++q) out[q] = silu(__bfloat162float(p[q].x)) * __bfloat162float(p[q].y);
     }
+    uint4 packed;
+    __nv_bfloat162* r = reinterpret_cast<__nv_bfloat162*>(&packed);
+    for (int q = 0; q < 4; ++q) r[q] = __floats2bfloat162_rn(out[2 * q], out[2 * q + 1]);
+    reinterpret_cast<uint4*>(act)[g] = packed;
   }
 }
 
@@ -249,8 +262,8 @@ void launch_permute(cudaStream_t stream, const __nv_bfloat16* x, int hidden, int
 
 void launch_activation(cudaStream_t stream, const __nv_bfloat16* h, int rows, int ffn, bool gelu, __nv_bfloat16* act) {
   if (rows == 0) return;
-  const long long total = static_cast<long long>(rows) * ffn;
-  activation_kernel<<<std::min(blocks_for(total, 256), 132 * 16), 256, 0, stream>>>(h, rows, ffn, gelu, act);
+  const long long groups = static_cast<long long>(rows) * ffn / 8;
+  activation_kernel<<<std::min(blocks_for(groups, 256), 132 * 16), 256, 0, stream>>>(h, rows, ffn, gelu, act);
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }
 
