@@ -34,12 +34,14 @@ struct DeviceArray {
   }
 };
 
-// Rows per expert decides the tile and cluster shape (measured on the H200, see the CUTLASS guide 1.4).
+// Measured on the H200 (BENCHMARKS.md, every configuration timed on the same rows at the three
+// benchmark shapes x 512/4096/16384 tokens): cooperative 128x256 with a 1x2 cluster won
+// everywhere except many rows per expert with a short ffn (Qwen3-like at 16384 tokens: 1024
+// rows per expert, ffn 768), where the 2x1 cluster won by 13%; 256x128 tiles never won.
 GemmConfig pick_config(const MoeConfig& c) {
   const double rows_per_expert = static_cast<double>(c.tokens * c.top_k) / static_cast<double>(c.num_experts);
-  if (rows_per_expert <= 256) return GemmConfig::Coop128x256Cluster1x2;
-  if (c.ffn_hidden <= 2048 && rows_per_expert <= 2048) return GemmConfig::Coop256x128Cluster2x1;
-  return GemmConfig::Coop128x256Cluster2x1;
+  if (rows_per_expert >= 1024 && c.ffn_hidden <= 2048) return GemmConfig::Coop128x256Cluster2x1;
+  return GemmConfig::Coop128x256Cluster1x2;
 }
 
 __nv_bfloat16 to_bf16(float v) { return __float2bfloat16_rn(v); }
