@@ -214,12 +214,10 @@ int main(int argc, char** argv) {
             if (run >= 3) cublas_ffn.push_back(ms);
           }
           // each GEMM configuration on the same rows, to calibrate the choice of MoeLayer
-          const cuda::GemmConfig configs[] = {cuda::GemmConfig::Coop128x256Cluster2x1, cuda::GemmConfig::Coop128x256Cluster1x2,
-                                              cuda::GemmConfig::Coop256x128Cluster2x1};
-          const char* config_names[] = {"coop128x256_c2x1", "coop128x256_c1x2", "coop256x128_c2x1"};
           std::string config_report;
-          for (int ci = 0; ci < 3; ++ci) {
-            cuda::GroupedGemm g0(configs[ci], shape.experts, 0), g1(configs[ci], shape.experts, 0);
+          bool first_config = true;
+          for (cuda::GemmConfig config : cuda::kAllGemmConfigs) {
+            cuda::GroupedGemm g0(config, shape.experts, 0), g1(config, shape.experts, 0);
             std::vector<double> t0, t1;
             for (int run = 0; run < 13; ++run) {
               const double a = timer.ms(s, [&] {
@@ -231,7 +229,9 @@ int main(int argc, char** argv) {
               if (run >= 3) t0.push_back(a), t1.push_back(b);
             }
             char text[160];
-            std::snprintf(text, sizeof text, "%s\"%s\":[%.4f,%.4f]", ci ? "," : "", config_names[ci], median(t0), median(t1));
+            std::snprintf(text, sizeof text, "%s\"%s\":[%.4f,%.4f]", first_config ? "" : ",", cuda::gemm_config_name(config),
+                          median(t0), median(t1));
+            first_config = false;
             config_report += text;
           }
           cudaFree(hbuf);

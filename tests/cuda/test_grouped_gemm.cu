@@ -98,14 +98,6 @@ float bf16_to_float(std::uint16_t bits) {
   return f;
 }
 
-const char* config_name(GemmConfig c) {
-  switch (c) {
-    case GemmConfig::Coop128x256Cluster2x1: return "coop128x256_c2x1";
-    case GemmConfig::Coop128x256Cluster1x2: return "coop128x256_c1x2";
-    case GemmConfig::Coop256x128Cluster2x1: return "coop256x128_c2x1";
-  }
-  return "?";
-}
 
 struct Case {
   std::string name;
@@ -273,7 +265,7 @@ void expect_bad_input(const std::string& what, F&& f) {
 }
 
 void test_config(GemmConfig config, int sms, cudaStream_t stream) {
-  std::printf("config %s\n", config_name(config));
+  std::printf("config %s\n", gemm_config_name(config));
   constexpr int kMaxGroups = 64;
   GroupedGemm gemm(config, kMaxGroups, 0);
   expect(gemm.config() == config, "config() returns the configuration");
@@ -399,8 +391,7 @@ int main() {
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   try {
-    for (GemmConfig c : {GemmConfig::Coop128x256Cluster2x1, GemmConfig::Coop128x256Cluster1x2,
-                         GemmConfig::Coop256x128Cluster2x1}) {
+    for (GemmConfig c : kAllGemmConfigs) {
       test_config(c, prop.multiProcessorCount, stream);
     }
     test_bad_input(stream);

@@ -82,6 +82,24 @@ void run_case(const Case& c, std::uint64_t seed) {
   }
   expect(runs[0].bitwise_equal(runs[1]), "the same inputs give bitwise-identical outputs run after run");
 
+  // the whole forward captured in a CUDA graph (no host sync inside) replays to the same bits
+  {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    TILEMOE_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    layer.forward(stream, input, logits, output, c.tokens);
+    TILEMOE_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    TILEMOE_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_bytes, stream));
+    TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    layer.check(stream);
+    Matrix replayed(DType::BF16, c.tokens, c.hidden);
+    if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(replayed.data.data(), output, out_bytes, cudaMemcpyDeviceToHost));
+    expect(replayed.bitwise_equal(runs[0]), "a CUDA-graph replay of the forward gives the eager output bitwise");
+    TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+    TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
+  }
+
   // the routing kernel against the CPU's
   const Routing gpu_routing = layer.last_routing(stream, c.tokens);
   const Routing cpu_routing = route(config, step.logits[0], 0);

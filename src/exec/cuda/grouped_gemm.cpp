@@ -33,14 +33,19 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
-const char* config_name(GemmConfig config) {
+}  // namespace
+
+const char* gemm_config_name(GemmConfig config) {
   switch (config) {
     case GemmConfig::Coop128x256Cluster2x1: return "coop128x256_c2x1";
     case GemmConfig::Coop128x256Cluster1x2: return "coop128x256_c1x2";
     case GemmConfig::Coop256x128Cluster2x1: return "coop256x128_c2x1";
+    case GemmConfig::Pingpong64x256Cluster1x2: return "pingpong64x256_c1x2";
   }
   return "unknown";
 }
+
+namespace {
 
 void check_aligned(const void* p, const char* name) {
   if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) {
@@ -76,7 +81,7 @@ GroupedGemm::GroupedGemm(GemmConfig config, int max_groups, int device, int sm_l
   cudaDeviceProp prop{};
   TILEMOE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   if (prop.major != 9 || prop.minor != 0) {
-    throw_bad_input(std::string("grouped GEMM ") + config_name(config) +
+    throw_bad_input(std::string("grouped GEMM ") + gemm_config_name(config) +
                     " needs an sm_90 (Hopper) GPU; device " + std::to_string(device) + " (" +
                     prop.name + ") is sm_" + std::to_string(prop.major) +
                     std::to_string(prop.minor));
@@ -95,6 +100,9 @@ GroupedGemm::GroupedGemm(GemmConfig config, int max_groups, int device, int sm_l
       break;
     case GemmConfig::Coop256x128Cluster2x1:
       impl->backend = detail::make_grouped_gemm_coop256x128_c2x1(max_groups, device, sm_limit);
+      break;
+    case GemmConfig::Pingpong64x256Cluster1x2:
+      impl->backend = detail::make_grouped_gemm_pingpong64x256_c1x2(max_groups, device, sm_limit);
       break;
   }
   if (!impl->backend) {

@@ -67,8 +67,14 @@ inline void check_cutlass(cutlass::Status status, const char* call, const char* 
 
 // The CUTLASS types of one configuration. A RowMajor [M][K], B ColumnMajor (stored [N][K]),
 // D RowMajor [M][N], no C; bf16 operands, fp32 accumulation and epilogue compute.
-template <class TileShape_, class ClusterShape_>
+// Cooperative: both consumer warp groups share one tile (tile M >= 128). Pingpong: each warp
+// group owns a tile, so one tile's epilogue overlaps the other's MMAs (tile M = 64 possible).
+template <class TileShape_, class ClusterShape_, bool kPingpong = false>
 struct GroupedGemmTypes {
+  using KernelSchedule = std::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                                            cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = std::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                                              cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
   using TileShape = TileShape_;
   using ClusterShape = ClusterShape_;
 
@@ -88,7 +94,7 @@ struct GroupedGemmTypes {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAccumulator, ElementAccumulator,
       void, LayoutD*, kAlignment,  // C = void: no source load, beta must be 0
-      ElementD, LayoutD*, kAlignment, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      ElementD, LayoutD*, kAlignment, EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAccumulator>>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -96,7 +102,7 @@ struct GroupedGemmTypes {
       ElementB, LayoutB*, kAlignment, ElementAccumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
 
   using GemmKernel =
       cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
@@ -155,9 +161,9 @@ T* device_alloc(std::size_t count, const char* what) {
   return static_cast<T*>(p);
 }
 
-template <class TileShape, class ClusterShape>
+template <class TileShape, class ClusterShape, bool kPingpong = false>
 class CutlassGroupedGemm final : public GroupedGemmBackend {
-  using Types = GroupedGemmTypes<TileShape, ClusterShape>;
+  using Types = GroupedGemmTypes<TileShape, ClusterShape, kPingpong>;
   using Gemm = typename Types::Gemm;
   using GemmKernel = typename Types::GemmKernel;
   using Arguments = typename Types::Arguments;
