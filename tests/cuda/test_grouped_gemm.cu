@@ -24,6 +24,8 @@
 
 using tilemoe::cuda::GemmConfig;
 using tilemoe::cuda::GroupedGemm;
+using tilemoe::cuda::gemm_config_name;
+using tilemoe::cuda::kAllGemmConfigs;
 
 #define CK(call)                                                                            \
   do {                                                                                      \
