@@ -15,6 +15,7 @@
 
 #include "exec/cuda/cuda_check.hpp"
 #include "exec/cuda/grouped_gemm.hpp"
+#include "exec/cuda/layer_timing.hpp"
 #include "exec/cuda/moe_kernels.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 
@@ -146,15 +147,6 @@ int main(int argc, char** argv) {
         config.num_experts = shape.experts;
         config.top_k = shape.top_k;
         cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{7});
-        const std::size_t in_elems = std::size_t(tokens) * shape.hidden;
-        const int rotations = static_cast<int>(std::clamp<std::size_t>((256u << 20) / (in_elems * 2) + 1, 2, 32));
-        std::vector<__nv_bfloat16*> inputs(rotations);
-        for (int r = 0; r < rotations; ++r) {
-          TILEMOE_CUDA_CHECK(cudaMalloc(&inputs[r], in_elems * 2));
-          cuda::launch_random_bf16(s, inputs[r], in_elems, 100 + r, 1.0f);
-        }
-        __nv_bfloat16* output;
-        TILEMOE_CUDA_CHECK(cudaMalloc(&output, in_elems * 2));
         float* logits;
         TILEMOE_CUDA_CHECK(cudaMalloc(&logits, std::size_t(tokens) * shape.experts * 4));
         for (const char* routing : {"balanced", "skewed"}) {
@@ -166,23 +158,7 @@ int main(int argc, char** argv) {
             host_logits[i] = normal(rng) - (routing[0] == 's' ? 1.5f * std::log(float(e + 1)) : 0.0f);
           }
           TILEMOE_CUDA_CHECK(cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
-          cuda::StageEvents events;
-          for (auto& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreate(&e));
-          std::vector<std::vector<double>> stage(cuda::kStageCount);
-          std::vector<double> total;
-          for (int run = 0; run < 28; ++run) {
-            layer.forward(s, inputs[run % rotations], logits, output, tokens, &events);
-            layer.check(s);
-            if (run < 3) continue;
-            for (int st = 0; st < cuda::kStageCount; ++st) {
-              float ms = 0;
-              TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[st], events.boundary[st + 1]));
-              stage[st].push_back(ms);
-            }
-            float ms = 0;
-            TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[0], events.boundary[cuda::kStageCount]));
-            total.push_back(ms);
-          }
+          const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits, tokens, 25, s);
           // the cuBLAS per-expert loop on the same permuted rows (host needs the counts: baseline only)
           std::vector<int> offsets(shape.experts + 1);
           TILEMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), layer.row_offset(), offsets.size() * 4, cudaMemcpyDeviceToHost));
@@ -246,25 +222,22 @@ int main(int argc, char** argv) {
           // rows, the activation and the expert outputs each written once and read once (bf16)
           const double act_bytes = 2.0 * (2.0 * tokens * H + 4.0 * R * H + 2.0 * R * F);
           const double floor_ms = std::max(flops / (rates.matrix_tflops * 1e12), (weight_bytes + act_bytes) / (rates.copy_gbps * 1e9)) * 1e3;
-          const double total_ms = median(total);
-          const double ffn_ms = median(stage[cuda::kGemm0]) + median(stage[cuda::kActivation]) + median(stage[cuda::kGemm1]);
+          const double total_ms = timing.total_ms;
+          const double ffn_ms = timing.stage_ms[cuda::kGemm0] + timing.stage_ms[cuda::kActivation] + timing.stage_ms[cuda::kGemm1];
           std::printf("%-14s %6d %-8s |", shape.name, tokens, routing);
-          for (int st = 0; st < cuda::kStageCount; ++st) std::printf(" %8.3f", median(stage[st]));
+          for (int st = 0; st < cuda::kStageCount; ++st) std::printf(" %8.3f", timing.stage_ms[st]);
           std::printf(" | %9.3f %7.0f %7.2f | %9.3f %9.3f %6.2f\n", total_ms, flops / (total_ms * 1e-3) / 1e12, total_ms / floor_ms,
                       ffn_ms, median(cublas_ffn), median(cublas_ffn) / ffn_ms);
           if (json) {
             std::fprintf(json, "{\"kind\":\"layer\",\"shape\":\"%s\",\"tokens\":%d,\"routing\":\"%s\",\"total_ms\":%.4f,\"floor_ms\":%.4f,"
                          "\"ffn_ms\":%.4f,\"cublas_loop_ffn_ms\":%.4f,\"flops\":%.4e,\"bytes\":%.4e",
                          shape.name, tokens, routing, total_ms, floor_ms, ffn_ms, median(cublas_ffn), flops, weight_bytes + act_bytes);
-            for (int st = 0; st < cuda::kStageCount; ++st) std::fprintf(json, ",\"%s_ms\":%.4f", cuda::stage_name(st), median(stage[st]));
+            for (int st = 0; st < cuda::kStageCount; ++st) std::fprintf(json, ",\"%s_ms\":%.4f", cuda::stage_name(st), timing.stage_ms[st]);
             std::fprintf(json, ",\"gemm_configs_ms\":{%s}", config_report.c_str());
             std::fprintf(json, "}\n");
             std::fflush(json);
           }
-          for (auto& e : events.boundary) cudaEventDestroy(e);
         }
-        for (auto* p : inputs) cudaFree(p);
-        cudaFree(output);
         cudaFree(logits);
       }
     }

@@ -220,6 +220,15 @@ TEST_F(Cli, ValidatePlanPrintsSummariesAndTheVerdict) {
   EXPECT_THAT(bad.err, HasSubstr("tile_m = 0"));
 }
 
+TEST_F(Cli, BenchTimesEveryStrategy) {
+  const Result r = tilemoe("bench --runs 2 --json" + kSmall);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const auto doc = nlohmann::json::parse(r.out);
+  ASSERT_EQ(doc["results"].size(), 3u);
+  for (const auto& entry : doc["results"]) EXPECT_GT(entry["median_ms"].get<double>(), 0.0);
+  EXPECT_EQ(tilemoe("bench --runs 0").code, 2);
+}
+
 TEST_F(Cli, HelpExitsZero) {
   const Result r = tilemoe("run --help");
   EXPECT_EQ(r.code, 0);

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/layer_timing.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/error.hpp"
 
@@ -60,6 +61,30 @@ CudaStepOutput run_cuda_step(const PreparedStep& step) {
   cudaEventDestroy(start);
   cudaEventDestroy(end);
   cudaStreamDestroy(stream);
+  return result;
+}
+
+CudaBenchResult run_cuda_bench(const EpWorld& world, RoutingPattern pattern, std::uint64_t seed, int runs) {
+  if (world.world_size() != 1) throw_bad_input("--backend cuda benchmarks one rank for now: use --ranks 1");
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    throw_bad_input("--backend cuda: no CUDA device is visible on this machine");
+  }
+  const MoeConfig config = world.rank_config(0);
+  cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{seed});
+  const SyntheticStep step = synthetic_step(world, pattern, seed);
+  DeviceCopy<float> logits(step.logits[0].data(), step.logits[0].size() * sizeof(float));
+  cudaStream_t stream;
+  TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
+  const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits.data, config.tokens, runs, stream);
+  TILEMOE_CUDA_CHECK(cudaStreamDestroy(stream));
+  static_assert(cuda::kStageCount == 7);
+  CudaBenchResult result;
+  for (int s = 0; s < cuda::kStageCount; ++s) {
+    result.stage_ms[s] = timing.stage_ms[s];
+    result.stage_names[s] = cuda::stage_name(s);
+  }
+  result.total_ms = timing.total_ms;
   return result;
 }
 

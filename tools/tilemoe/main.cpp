@@ -14,9 +14,10 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   tilemoe::cli::add_run_command(app, exit_code);
   tilemoe::cli::add_validate_plan_command(app, exit_code);
+  tilemoe::cli::add_bench_command(app, exit_code);
   const std::string first = argc > 1 ? argv[1] : "";
-  if (!first.empty() && first[0] != '-' && first != "run" && first != "validate-plan") {
-    std::fprintf(stderr, "tilemoe: unknown command '%s': use run or validate-plan (tilemoe --help lists them)\n", argv[1]);
+  if (!first.empty() && first[0] != '-' && first != "run" && first != "validate-plan" && first != "bench") {
+    std::fprintf(stderr, "tilemoe: unknown command '%s': use run, bench or validate-plan (tilemoe --help lists them)\n", argv[1]);
     return 2;
   }
   try {

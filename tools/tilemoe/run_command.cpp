@@ -32,8 +32,8 @@ struct RunOptions {
   std::int64_t timeout_ms = 30000;
   std::uint32_t delay_us = 0;
   // About the H200's balance of NVLink bytes to bf16 FLOPs (370 GB/s : 790 TFLOP/s), scaled
-  // to the ~10 GFLOP/s of the CPU engine on two cores, so the default run shows real overlap.
-  double link_mbps = 5.0;
+  // to the ~25 GFLOP/s of the CPU engine on two cores, so the default run shows real overlap.
+  double link_mbps = 12.0;
 };
 
 struct StrategyResult {

@@ -43,6 +43,31 @@ void take_from_file(CLI::Option* option, std::int64_t& value, std::int64_t from_
 
 }  // namespace
 
+EpWorld world_from_options(const StepOptions& o, std::int64_t file_tokens) {
+  EpWorld world;
+  if (o.ranks < 1) throw_bad_input("--ranks " + std::to_string(o.ranks) + ": use 1 or more");
+  if (!o.tokens_per_rank.empty()) {
+    world.tokens_per_rank = o.tokens_per_rank;
+  } else if (file_tokens >= 0) {
+    world.tokens_per_rank = split_tokens_evenly(file_tokens, o.ranks);
+  } else {
+    if (o.tokens < 0) throw_bad_input("--tokens " + std::to_string(o.tokens) + " is negative: use 0 or more");
+    world.tokens_per_rank.assign(static_cast<std::size_t>(o.ranks), o.tokens);
+  }
+  MoeConfig& layer = world.layer;
+  layer.hidden = o.hidden;
+  layer.ffn_hidden = o.ffn_hidden;
+  layer.num_experts = o.experts;
+  layer.top_k = o.top_k;
+  layer.activation = parse_activation(o.activation);
+  layer.renormalize = o.renormalize;
+  layer.capacity_factor = o.capacity_factor;
+  layer.dtype = parse_dtype(o.dtype);
+  validate(world);
+  validate(o.plan, world);
+  return world;
+}
+
 PreparedStep prepare_step(const StepOptions& options) {
   StepOptions o = options;
   PreparedStep step;
@@ -58,26 +83,8 @@ PreparedStep prepare_step(const StepOptions& options) {
     take_from_file(o.ffn_option, o.ffn_hidden, shape.ffn_hidden, "ffn-hidden", o.weights_path);
     take_from_file(o.experts_option, o.experts, shape.num_experts, "experts", o.weights_path);
   }
-  if (o.ranks < 1) throw_bad_input("--ranks " + std::to_string(o.ranks) + ": use 1 or more");
-  if (!o.tokens_per_rank.empty()) {
-    step.world.tokens_per_rank = o.tokens_per_rank;
-  } else if (!o.inputs_path.empty()) {
-    step.world.tokens_per_rank = split_tokens_evenly(loaded.input.rows, o.ranks);
-  } else {
-    if (o.tokens < 0) throw_bad_input("--tokens " + std::to_string(o.tokens) + " is negative: use 0 or more");
-    step.world.tokens_per_rank.assign(static_cast<std::size_t>(o.ranks), o.tokens);
-  }
-  MoeConfig& layer = step.world.layer;
-  layer.hidden = o.hidden;
-  layer.ffn_hidden = o.ffn_hidden;
-  layer.num_experts = o.experts;
-  layer.top_k = o.top_k;
-  layer.activation = parse_activation(o.activation);
-  layer.renormalize = o.renormalize;
-  layer.capacity_factor = o.capacity_factor;
-  layer.dtype = parse_dtype(o.dtype);
-  validate(step.world);
-  validate(o.plan, step.world);
+  step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
+  const MoeConfig& layer = step.world.layer;
 
   std::vector<std::vector<float>> logits;
   if (!o.inputs_path.empty()) {

@@ -47,6 +47,10 @@ struct PreparedStep {
   std::string source;  // what the data is, for the report
 };
 
+// The world the options describe (file_tokens >= 0: the token count of an --inputs file,
+// split over --ranks unless --tokens-per-rank), validated; no data.
+EpWorld world_from_options(const StepOptions& options, std::int64_t file_tokens = -1);
+
 // Builds the step: the layer from the options and the files, inputs and logits from
 // --inputs or synthetic, weights from --weights or random; routes every rank.
 PreparedStep prepare_step(const StepOptions& options);

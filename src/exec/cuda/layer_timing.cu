@@ -1,0 +1,70 @@
+#include "layer_timing.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_check.hpp"
+#include "moe_kernels.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::cuda {
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+constexpr std::size_t kRotationBytes = std::size_t(256) << 20;  // > 4x the H200's 60 MB L2
+
+}  // namespace
+
+LayerTiming time_layer_forward(MoeLayer& layer, const float* logits, std::int64_t tokens, int runs, cudaStream_t stream) {
+  if (runs < 1) throw_bad_input("a benchmark needs at least one run");
+  const MoeConfig& c = layer.config();
+  const std::size_t elems = static_cast<std::size_t>(tokens * c.hidden);
+  const std::size_t bytes = std::max<std::size_t>(elems * 2, 16);
+  const int rotations = static_cast<int>(std::clamp<std::size_t>(kRotationBytes / bytes + 1, 2, 32));
+  std::vector<__nv_bfloat16*> inputs(static_cast<std::size_t>(rotations), nullptr);
+  __nv_bfloat16* output = nullptr;
+  StageEvents events{};
+  LayerTiming timing;
+  try {
+    for (int r = 0; r < rotations; ++r) {
+      TILEMOE_CUDA_CHECK(cudaMalloc(&inputs[static_cast<std::size_t>(r)], bytes));
+      launch_random_bf16(stream, inputs[static_cast<std::size_t>(r)], elems, 100 + static_cast<std::uint64_t>(r), 1.0f);
+    }
+    TILEMOE_CUDA_CHECK(cudaMalloc(&output, bytes));
+    for (auto& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreate(&e));
+    std::vector<std::vector<double>> stage(kStageCount);
+    std::vector<double> total;
+    for (int run = 0; run < runs + 3; ++run) {
+      layer.forward(stream, inputs[static_cast<std::size_t>(run % rotations)], logits, output, tokens, &events);
+      layer.check(stream);
+      if (run < 3) continue;
+      for (int s = 0; s < kStageCount; ++s) {
+        float ms = 0;
+        TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[s], events.boundary[s + 1]));
+        stage[static_cast<std::size_t>(s)].push_back(ms);
+      }
+      float ms = 0;
+      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[0], events.boundary[kStageCount]));
+      total.push_back(ms);
+    }
+    for (int s = 0; s < kStageCount; ++s) timing.stage_ms[s] = median(stage[static_cast<std::size_t>(s)]);
+    timing.total_ms = median(total);
+    timing.runs = runs;
+  } catch (...) {
+    for (auto* p : inputs) cudaFree(p);
+    cudaFree(output);
+    for (auto& e : events.boundary) if (e) cudaEventDestroy(e);
+    throw;
+  }
+  for (auto* p : inputs) cudaFree(p);
+  cudaFree(output);
+  for (auto& e : events.boundary) cudaEventDestroy(e);
+  return timing;
+}
+
+}  // namespace tilemoe::cuda
