@@ -34,12 +34,15 @@ struct DeviceArray {
   }
 };
 
-// Measured on the H200 (BENCHMARKS.md, every configuration timed on the same rows at the three
-// benchmark shapes x 512/4096/16384 tokens): cooperative 128x256 with a 1x2 cluster won
-// everywhere except many rows per expert with a short ffn (Qwen3-like at 16384 tokens: 1024
-// rows per expert, ffn 768), where the 2x1 cluster won by 13%; 256x128 tiles never won.
+// Measured on the H200 (BENCHMARKS.md: every configuration timed on the same rows at the three
+// benchmark shapes x 512/4096/16384 tokens). Cooperative 128x256 with a 1x2 cluster won in most
+// cases; the 2x1 cluster won with many rows per expert and a short ffn (Qwen3-like at 16384
+// tokens: 1024 rows per expert, ffn 768); pingpong 64x256 won only with <= 64 rows per expert
+// (4-6%), where a 128-row tile is mostly empty; elsewhere its 64-row tiles read every weight
+// tile twice and lost by up to 2x. 256x128 tiles never won.
 GemmConfig pick_config(const MoeConfig& c) {
   const double rows_per_expert = static_cast<double>(c.tokens * c.top_k) / static_cast<double>(c.num_experts);
+  if (rows_per_expert <= 64) return GemmConfig::Pingpong64x256Cluster1x2;
   if (rows_per_expert >= 1024 && c.ffn_hidden <= 2048) return GemmConfig::Coop128x256Cluster2x1;
   return GemmConfig::Coop128x256Cluster1x2;
 }
