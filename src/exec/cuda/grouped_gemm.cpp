@@ -40,6 +40,7 @@ const char* gemm_config_name(GemmConfig config) {
     case GemmConfig::Coop128x256Cluster2x1: return "coop128x256_c2x1";
     case GemmConfig::Coop128x256Cluster1x2: return "coop128x256_c1x2";
     case GemmConfig::Coop256x128Cluster2x1: return "coop256x128_c2x1";
+    case GemmConfig::Coop256x128Cluster1x2: return "coop256x128_c1x2";
     case GemmConfig::Pingpong64x256Cluster1x2: return "pingpong64x256_c1x2";
   }
   return "unknown";
@@ -100,6 +101,9 @@ GroupedGemm::GroupedGemm(GemmConfig config, int max_groups, int device, int sm_l
       break;
     case GemmConfig::Coop256x128Cluster2x1:
       impl->backend = detail::make_grouped_gemm_coop256x128_c2x1(max_groups, device, sm_limit);
+      break;
+    case GemmConfig::Coop256x128Cluster1x2:
+      impl->backend = detail::make_grouped_gemm_coop256x128_c1x2(max_groups, device, sm_limit);
       break;
     case GemmConfig::Pingpong64x256Cluster1x2:
       impl->backend = detail::make_grouped_gemm_pingpong64x256_c1x2(max_groups, device, sm_limit);

@@ -23,12 +23,14 @@ enum class GemmConfig {
   Coop128x256Cluster2x1,  // large M per expert (Mixtral-like)
   Coop128x256Cluster1x2,  // small M per expert (DeepSeek-V3-like, ~128 rows)
   Coop256x128Cluster2x1,  // medium M, short K (Qwen3-like)
-  Pingpong64x256Cluster1x2,  // ~128 rows per expert, unequal (DeepSeek-V3-like at 4096 tokens)
+  Coop256x128Cluster1x2,     // 129-256 rows per expert: one M tile, weights read once
+  Pingpong64x256Cluster1x2,  // <= 64 rows per expert
 };
 
 const char* gemm_config_name(GemmConfig config);  // e.g. "coop128x256_c1x2"
 constexpr GemmConfig kAllGemmConfigs[] = {GemmConfig::Coop128x256Cluster2x1, GemmConfig::Coop128x256Cluster1x2,
-                                          GemmConfig::Coop256x128Cluster2x1, GemmConfig::Pingpong64x256Cluster1x2};
+                                          GemmConfig::Coop256x128Cluster2x1, GemmConfig::Coop256x128Cluster1x2,
+                                          GemmConfig::Pingpong64x256Cluster1x2};
 
 class GroupedGemm {
  public:

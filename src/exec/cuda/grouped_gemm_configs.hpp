@@ -29,6 +29,8 @@ std::unique_ptr<GroupedGemmBackend> make_grouped_gemm_coop128x256_c1x2(int max_g
                                                                        int sm_limit);
 std::unique_ptr<GroupedGemmBackend> make_grouped_gemm_coop256x128_c2x1(int max_groups, int device,
                                                                        int sm_limit);
+std::unique_ptr<GroupedGemmBackend> make_grouped_gemm_coop256x128_c1x2(int max_groups, int device,
+                                                                       int sm_limit);
 std::unique_ptr<GroupedGemmBackend> make_grouped_gemm_pingpong64x256_c1x2(int max_groups, int device,
                                                                           int sm_limit);
 
