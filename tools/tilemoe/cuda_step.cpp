@@ -2,26 +2,16 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/device_array.hpp"
 #include "exec/cuda/layer_timing.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cli {
 
-namespace {
-
-template <typename T>
-struct DeviceCopy {
-  T* data = nullptr;
-  DeviceCopy(const void* host, std::size_t bytes) {
-    TILEMOE_CUDA_CHECK(cudaMalloc(&data, bytes > 0 ? bytes : 16));
-    if (host && bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(data, host, bytes, cudaMemcpyHostToDevice));
-  }
-  ~DeviceCopy() { cudaFree(data); }
-};
-
-}  // namespace
 
 CudaStepOutput run_cuda_step(const PreparedStep& step) {
   if (step.world.world_size() != 1) {
@@ -35,9 +25,9 @@ CudaStepOutput run_cuda_step(const PreparedStep& step) {
   cuda::MoeLayer layer(config, step.weights);
   const Matrix& input = step.inputs[0];
   const std::vector<float>& logits = step.logits[0];
-  DeviceCopy<__nv_bfloat16> x(input.data.data(), input.data.size());
-  DeviceCopy<float> l(logits.data(), logits.size() * sizeof(float));
-  DeviceCopy<__nv_bfloat16> out(nullptr, input.data.size());
+  cuda::DeviceArray<__nv_bfloat16> x(input.data.data(), input.data.size() / 2);
+  cuda::DeviceArray<float> l(logits.data(), logits.size());
+  cuda::DeviceArray<__nv_bfloat16> out(std::max<std::size_t>(input.data.size() / 2, 8));
   cudaStream_t stream;
   TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
   cudaEvent_t start, end;
@@ -45,9 +35,9 @@ CudaStepOutput run_cuda_step(const PreparedStep& step) {
   TILEMOE_CUDA_CHECK(cudaEventCreate(&end));
   CudaStepOutput result;
   for (int run = 0; run < 2; ++run) {  // the first is the warm-up
-    TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data, 0xff, input.data.size(), stream));
+    TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));
     TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
-    layer.forward(stream, x.data, l.data, out.data, config.tokens);
+    layer.forward(stream, x.data(), l.data(), out.data(), config.tokens);
     TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
     layer.check(stream);
   }
@@ -55,7 +45,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step) {
   TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
   result.forward_ms = ms;
   Matrix output(DType::BF16, config.tokens, config.hidden);
-  if (!output.data.empty()) TILEMOE_CUDA_CHECK(cudaMemcpy(output.data.data(), out.data, output.data.size(), cudaMemcpyDeviceToHost));
+  if (!output.data.empty()) TILEMOE_CUDA_CHECK(cudaMemcpy(output.data.data(), out.data(), output.data.size(), cudaMemcpyDeviceToHost));
   result.outputs.push_back(std::move(output));
   result.routing.push_back(layer.last_routing(stream, config.tokens));
   cudaEventDestroy(start);
@@ -73,10 +63,10 @@ CudaBenchResult run_cuda_bench(const EpWorld& world, RoutingPattern pattern, std
   const MoeConfig config = world.rank_config(0);
   cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{seed});
   const SyntheticStep step = synthetic_step(world, pattern, seed);
-  DeviceCopy<float> logits(step.logits[0].data(), step.logits[0].size() * sizeof(float));
+  cuda::DeviceArray<float> logits(step.logits[0].data(), step.logits[0].size());
   cudaStream_t stream;
   TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
-  const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits.data, config.tokens, runs, stream);
+  const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits.data(), config.tokens, runs, stream);
   TILEMOE_CUDA_CHECK(cudaStreamDestroy(stream));
   static_assert(cuda::kStageCount == 7);
   CudaBenchResult result;

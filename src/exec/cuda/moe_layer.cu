@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cuda_check.hpp"
+#include "device_array.hpp"
 #include "grouped_gemm.hpp"
 #include "moe_kernels.hpp"
 #include "tilemoe/error.hpp"
@@ -12,27 +13,6 @@
 namespace tilemoe::cuda {
 
 namespace {
-
-template <typename T>
-struct DeviceArray {
-  T* data = nullptr;
-  std::size_t count = 0;
-  DeviceArray() = default;
-  explicit DeviceArray(std::size_t n) : count(n) {
-    if (n > 0) TILEMOE_CUDA_CHECK(cudaMalloc(&data, n * sizeof(T)));
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& other) noexcept : data(other.data), count(other.count) { other.data = nullptr; }
-  DeviceArray& operator=(DeviceArray&& other) noexcept {
-    std::swap(data, other.data);
-    std::swap(count, other.count);
-    return *this;
-  }
-  ~DeviceArray() {
-    if (data) cudaFree(data);
-  }
-};
 
 // Measured on the H200 (BENCHMARKS.md: every configuration timed on the same rows at the three
 // benchmark shapes x 512/4096/16384 tokens). Cooperative 128x256 with a 1x2 cluster won in most
@@ -72,8 +52,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int dev
   impl_->init(config, device);
   Impl& m = *impl_;
   const std::int64_t H = config.hidden, F = config.ffn_hidden;
-  launch_random_bf16(nullptr, m.w0.data, m.w0.count, weights.seed, std::sqrt(3.0f / static_cast<float>(H)));
-  launch_random_bf16(nullptr, m.w2.data, m.w2.count, weights.seed + 1, std::sqrt(3.0f / static_cast<float>(F)));
+  launch_random_bf16(nullptr, m.w0.data(), m.w0.count(), weights.seed, std::sqrt(3.0f / static_cast<float>(H)));
+  launch_random_bf16(nullptr, m.w2.data(), m.w2.count(), weights.seed + 1, std::sqrt(3.0f / static_cast<float>(F)));
   TILEMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -139,8 +119,8 @@ MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int de
       }
     }
   }
-  TILEMOE_CUDA_CHECK(cudaMemcpy(m.w0.data, w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
-  TILEMOE_CUDA_CHECK(cudaMemcpy(m.w2.data, w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
+  TILEMOE_CUDA_CHECK(cudaMemcpy(m.w0.data(), w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
+  TILEMOE_CUDA_CHECK(cudaMemcpy(m.w2.data(), w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
 }
 
 MoeLayer::~MoeLayer() = default;
@@ -165,21 +145,21 @@ void MoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const fl
     if (events) TILEMOE_CUDA_CHECK(cudaEventRecord(events->boundary[stage], stream));
   };
   mark(kRouter);
-  launch_fill(stream, m.error_token.data, 1, INT_MAX);
-  launch_router(stream, router_logits, T, E, k, c.renormalize, m.expert.data, m.weight.data, m.error_token.data);
+  launch_fill(stream, m.error_token.data(), 1, INT_MAX);
+  launch_router(stream, router_logits, T, E, k, c.renormalize, m.expert.data(), m.weight.data(), m.error_token.data());
   mark(kLayout);
-  launch_layout(stream, m.expert.data, slots, E, m.layout_temp.data, m.layout_temp_bytes, m.sorted_expert.data,
-                m.row_offset.data, m.slot_of_row.data, m.row_of_slot.data);
+  launch_layout(stream, m.expert.data(), slots, E, m.layout_temp.data(), m.layout_temp_bytes, m.sorted_expert.data(),
+                m.row_offset.data(), m.slot_of_row.data(), m.row_of_slot.data());
   mark(kPermute);
-  launch_permute(stream, input, H, k, m.slot_of_row.data, slots, m.rows.data);
+  launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.rows.data());
   mark(kGemm0);
-  m.gemm0->run(stream, E, m.row_offset.data, m.rows.data, m.w0.data, m.h.data, static_cast<int>(m.gemm0_n), H);
+  m.gemm0->run(stream, E, m.row_offset.data(), m.rows.data(), m.w0.data(), m.h.data(), static_cast<int>(m.gemm0_n), H);
   mark(kActivation);
-  launch_activation(stream, m.h.data, slots, F, m.gelu, m.act.data);
+  launch_activation(stream, m.h.data(), slots, F, m.gelu, m.act.data());
   mark(kGemm1);
-  m.gemm1->run(stream, E, m.row_offset.data, m.act.data, m.w2.data, m.y.data, H, F);
+  m.gemm1->run(stream, E, m.row_offset.data(), m.act.data(), m.w2.data(), m.y.data(), H, F);
   mark(kCombine);
-  launch_combine(stream, m.y.data, m.weight.data, m.row_of_slot.data, T, k, H, output);
+  launch_combine(stream, m.y.data(), m.weight.data(), m.row_of_slot.data(), T, k, H, output);
   mark(kStageCount);
 }
 
@@ -188,15 +168,15 @@ const char* stage_name(int stage) {
   return stage >= 0 && stage < kStageCount ? names[stage] : "?";
 }
 
-const int* MoeLayer::row_offset() const { return impl_->row_offset.data; }
-const __nv_bfloat16* MoeLayer::permuted_rows() const { return impl_->rows.data; }
-const __nv_bfloat16* MoeLayer::expert_weights0() const { return impl_->w0.data; }
-const __nv_bfloat16* MoeLayer::expert_weights2() const { return impl_->w2.data; }
+const int* MoeLayer::row_offset() const { return impl_->row_offset.data(); }
+const __nv_bfloat16* MoeLayer::permuted_rows() const { return impl_->rows.data(); }
+const __nv_bfloat16* MoeLayer::expert_weights0() const { return impl_->w0.data(); }
+const __nv_bfloat16* MoeLayer::expert_weights2() const { return impl_->w2.data(); }
 
 void MoeLayer::check(cudaStream_t stream) {
   TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
   int bad = INT_MAX;
-  TILEMOE_CUDA_CHECK(cudaMemcpy(&bad, impl_->error_token.data, sizeof bad, cudaMemcpyDeviceToHost));
+  TILEMOE_CUDA_CHECK(cudaMemcpy(&bad, impl_->error_token.data(), sizeof bad, cudaMemcpyDeviceToHost));
   if (bad != INT_MAX) {
     throw_bad_input("token " + std::to_string(bad) + ": a router logit is NaN or infinite; the router produced invalid values");
   }
@@ -211,8 +191,8 @@ Routing MoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
   r.weight.resize(r.expert.size());
   r.kept.assign(r.expert.size(), 1);
   if (!r.expert.empty()) {
-    TILEMOE_CUDA_CHECK(cudaMemcpy(r.expert.data(), impl_->expert.data, r.expert.size() * 4, cudaMemcpyDeviceToHost));
-    TILEMOE_CUDA_CHECK(cudaMemcpy(r.weight.data(), impl_->weight.data, r.weight.size() * 4, cudaMemcpyDeviceToHost));
+    TILEMOE_CUDA_CHECK(cudaMemcpy(r.expert.data(), impl_->expert.data(), r.expert.size() * 4, cudaMemcpyDeviceToHost));
+    TILEMOE_CUDA_CHECK(cudaMemcpy(r.weight.data(), impl_->weight.data(), r.weight.size() * 4, cudaMemcpyDeviceToHost));
   }
   return r;
 }
