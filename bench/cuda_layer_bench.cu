@@ -18,6 +18,7 @@
 #include "exec/cuda/layer_timing.hpp"
 #include "exec/cuda/moe_kernels.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
+#include "tilemoe/median.hpp"
 
 using namespace tilemoe;
 
@@ -31,11 +32,6 @@ namespace {
       std::exit(1);                                                                          \
     }                                                                                        \
   } while (0)
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 struct Timer {
   cudaEvent_t a, b;

@@ -13,6 +13,7 @@
 #include "step_options.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/median.hpp"
 #ifdef TILEMOE_WITH_CUDA
 #include "cuda_step.hpp"
 #endif
@@ -28,11 +29,6 @@ struct BenchOptions {
   int runs = 5;
   bool json = false;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double expert_flops(const EpWorld& world) {
   const MoeConfig& l = world.layer;

@@ -6,15 +6,11 @@
 #include "cuda_check.hpp"
 #include "moe_kernels.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/median.hpp"
 
 namespace tilemoe::cuda {
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
 
 constexpr std::size_t kRotationBytes = std::size_t(256) << 20;  // > 4x the H200's 60 MB L2
 
