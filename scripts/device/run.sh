@@ -8,7 +8,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm layer cli cli-bench memcheck racecheck bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer cli cli-bench memcheck racecheck bench torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -30,6 +30,7 @@ cat "$bin/COMMIT" >>"$out/gpu.txt" 2>/dev/null || true
 for step in "${steps[@]}"; do
   case $step in
     gemm) run_step gemm "$bin/test_grouped_gemm" ;;
+    planned) run_step planned "$bin/test_planned_gemm" ;;
     layer) run_step layer "$bin/test_moe_layer" ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     racecheck) run_step racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;

@@ -1,0 +1,123 @@
+#pragma once
+// Planned grouped GEMM: a persistent warp-specialised sm90 bf16 GEMM over the local experts
+// whose work is a TILE TABLE (data, not a scheduler), with the activation fused into its
+// epilogue and an optional ready flag raised after each tile is stored.
+//
+// The mainloop (TMA loads, wgmma, the smem pipeline) is CUTLASS's pointer-array collective; the
+// kernel around it (which tile each CTA takes, the epilogue, the flags) is ours, because the
+// stock pointer-array kernels accept only CUTLASS's own group scheduler.
+//
+// Problem: D[r][c] = act( sum_k A[r][k] * B_g[n][k] ) for each table entry, where
+//   A       row-major [a_rows][K], all groups' rows in one matrix (a group is a row range);
+//   B_g     = B + g * N * K, stored [N][K] (the nn.Linear layout);
+//   D       row-major [a_rows][n_out] with n_out = N / 2 for SwiGLU (gate/up columns
+//           interleaved: column 2f is gate f, 2f+1 is up f), else N;
+//   act     none, silu(gate) * up, or gelu (erf form), in fp32, rounded to bf16 once.
+// A table entry is one 128 x 256 tile of the GEMM (before the activation halves N): rows
+// [row_begin, row_begin + rows) of A and D, GEMM columns [256 * col_tile, 256 * col_tile + 256).
+// row_begin need not be a multiple of 128: a plan's row bands map to entries directly.
+//
+// Order: a cluster of CTAs takes table entries in groups of cluster_size (its "item"); cluster c
+// of C runs items c, c + C, c + 2C, ... in that order. Mates of one item share one operand by
+// TMA multicast, so the table must keep them compatible (check_tile_table): a 2x1 cluster shares
+// B (same group and col_tile), a 1x2 cluster shares A (same row_begin). An entry with rows = 0
+// computes but stores nothing (padding for a cluster's mate).
+//
+// Flags: after an entry's tile is stored, one thread adds 1 to flags[flag] with release
+// semantics at GPU scope (flag = -1: none). A reader that acquires flags[f] >= expected sees
+// every tile counted into it. Flags only grow: a caller that reuses them across runs waits for
+// run_index * tiles_per_flag instead of resetting them.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tilemoe::cuda {
+
+struct GemmTileEntry {
+  std::int32_t group = 0;
+  std::int32_t row_begin = 0;
+  std::int32_t rows = 0;      // 0..128
+  std::int32_t col_tile = 0;  // GEMM columns [256 * col_tile, +256)
+  std::int32_t flag = -1;
+};
+static_assert(sizeof(GemmTileEntry) == 20);
+
+constexpr int kPlannedTileM = 128;
+constexpr int kPlannedTileN = 256;
+
+enum class PlannedEpilogue { Store, SwiGLU, GELU };
+enum class PlannedCluster { M2,  // 2x1: mates share B, take M-adjacent tiles (many rows per expert)
+                            N2 };  // 1x2: mates share A, take N-adjacent tiles
+const char* planned_cluster_name(PlannedCluster cluster);  // "c2x1" / "c1x2"
+
+enum class TileFlags { None, PerTile, PerBand };
+
+// The sequential order: group after group, inside a group N tile after N tile, the M tiles
+// (row bands of 128 rows from the group's first row) fastest, cluster mates adjacent.
+// PerTile numbers flags by entry; PerBand gives all tiles of one row band one flag (so it
+// reaches N tiles per run), bands numbered in row order across groups.
+// Sizes: upper bound on the entries for `rows` rows in `groups` groups.
+std::int64_t max_tile_entries(std::int64_t rows, int groups, int N, PlannedCluster cluster);
+
+// Writes the sequential table on the device from row_offset [groups + 1] (device), without a
+// host sync: entries to `table` (room for `capacity`), their count to *count. More entries than
+// capacity (impossible when capacity = max_tile_entries of the rows) writes none and sets
+// *count to -1, which the GEMM treats as empty.
+void launch_build_tile_table(cudaStream_t stream, const int* row_offset, int groups, int N, PlannedCluster cluster,
+                             TileFlags flags, GemmTileEntry* table, int capacity, int* count);
+
+// The same table on the host (tests, and the base that a plan's order permutes).
+std::vector<GemmTileEntry> build_tile_table(const std::vector<int>& row_offset, int N, PlannedCluster cluster,
+                                            TileFlags flags);
+
+// Throws a bad-input tilemoe::Error naming the first entry that breaks a rule: a bad group,
+// rows outside 0..128 or outside [0, a_rows), a col_tile outside the N tiles, a flag outside
+// [-1, flag_count), a count that is not a multiple of the cluster size, or mates of one item
+// that do not share the operand their cluster multicasts.
+void check_tile_table(const std::vector<GemmTileEntry>& table, int groups, int a_rows, int N, PlannedCluster cluster,
+                      int flag_count);
+
+struct PlannedGemmRun {
+  const GemmTileEntry* table = nullptr;  // device
+  const int* count = nullptr;            // device: number of entries (a multiple of the cluster size)
+  const __nv_bfloat16* A = nullptr;
+  int a_rows = 0;
+  const __nv_bfloat16* B = nullptr;
+  int groups = 0;
+  __nv_bfloat16* D = nullptr;
+  int N = 0, K = 0;
+  unsigned* flags = nullptr;                    // device; nullptr: no flags raised
+  unsigned long long* tile_times = nullptr;     // optional device [2 * entries]: globaltimer at the
+                                                // start of the tile's MMAs and after its flag
+};
+
+class PlannedGemm {
+ public:
+  // sm_limit > 0 leaves the other SMs free for a concurrent kernel.
+  PlannedGemm(PlannedCluster cluster, PlannedEpilogue epilogue, int max_groups, int device, int sm_limit = 0);
+  ~PlannedGemm();
+  PlannedGemm(const PlannedGemm&) = delete;
+  PlannedGemm& operator=(const PlannedGemm&) = delete;
+
+  // Enqueues a per-group pointer setup and the GEMM on `stream`. N, K multiples of 8 (SwiGLU:
+  // N a multiple of 16), pointers 16-byte aligned, groups <= max_groups; checked here.
+  void run(cudaStream_t stream, const PlannedGemmRun& run);
+
+  PlannedCluster cluster() const;
+  PlannedEpilogue epilogue() const;
+  int grid_ctas() const;  // CTAs of the persistent grid
+
+  struct Backend;
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  PlannedCluster cluster_;
+  PlannedEpilogue epilogue_;
+  int max_groups_;
+};
+
+}  // namespace tilemoe::cuda

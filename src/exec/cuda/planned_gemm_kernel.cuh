@@ -1,0 +1,355 @@
+#pragma once
+// The planned grouped GEMM kernel (planned_gemm.hpp says what it computes). Include from exactly
+// one .cu per (cluster, epilogue) instantiation: about a minute of compile time each.
+//
+// One CTA = 3 warp groups (384 threads), one CTA per SM, persistent:
+//   warp group 0, warp 0: the loader. For each of its entries it points the CTA's TMA
+//       descriptors at the entry's group (only when the group changes: a descriptor rewrite
+//       costs a few hundred cycles) and streams the K tiles of A and B into the smem pipeline
+//       with CUTLASS's collective mainloop (TMA, multicast across the cluster).
+//   warp groups 1 and 2: the MMA threads. Both work on one 128 x 256 tile (64 rows each), then
+//       run the epilogue: activation in fp32 on the accumulators, one bf16 rounding, staging in
+//       smem, 16-byte stores of the entry's real rows, a barrier over the 256 threads, and one
+//       thread's release add on the entry's flag.
+// Entries are read straight from the table in global memory by both roles (a 20-byte load per
+// tile), so no scheduler warp and no smem pipeline of work tiles is needed.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#pragma nv_diag_suppress 2908
+#include "cute/tensor.hpp"
+#include "cutlass/arch/barrier.h"
+#include "cutlass/arch/reg_reconfig.h"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/pipeline/pipeline.hpp"
+#include "cutlass/util/packed_stride.hpp"
+#pragma nv_diag_default 2908
+#include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/device_array.hpp"
+#include "exec/cuda/planned_gemm.hpp"
+#include "exec/cuda/planned_gemm_backend.hpp"
+#include "tilemoe/error.hpp"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#error "compile the planned GEMM for sm_90a (-gencode arch=compute_90a,code=sm_90a), not sm_90"
+#endif
+
+namespace tilemoe::cuda::detail {
+
+// The output columns of one staging pass: SwiGLU halves the tile to 128 columns (one pass);
+// the other epilogues stage 128 of the 256 columns at a time (two passes), which keeps the
+// staging buffer at 34 KB and the mainloop at four 48 KB stages.
+constexpr int kStageCols = 128;
+constexpr int kStagePitch = kStageCols + 8;  // +16 bytes per row: conflict-free smem writes
+constexpr int kStageBytes = kPlannedTileM * kStagePitch * 2;
+
+template <class ClusterShape_>
+struct PlannedGemmTypes {
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = ClusterShape_;
+  using Element = cutlass::bfloat16_t;
+  using LayoutA = cutlass::layout::RowMajor;
+  using LayoutB = cutlass::layout::ColumnMajor;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  // Room left for the kernel's own smem: staging buffer, descriptors, barriers.
+  static constexpr int kCarveout = kStageBytes + 512;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, 8, Element, LayoutB*, 8, float,
+      TileShape, ClusterShape, cutlass::gemm::collective::StageCountAutoCarveout<kCarveout>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Stride = cute::remove_pointer_t<typename Mainloop::StrideA>;
+  static_assert(std::is_same_v<Stride, cute::remove_pointer_t<typename Mainloop::StrideB>>);
+  static_assert(std::is_same_v<Stride, cute::Stride<int64_t, cute::Int<1>, cute::Int<0>>>);
+  static constexpr int kClusterM = cute::size<0>(ClusterShape{});
+  static constexpr int kClusterN = cute::size<1>(ClusterShape{});
+  static constexpr int kClusterSize = kClusterM * kClusterN;
+  static_assert(Mainloop::DispatchPolicy::Stages >= 4, "the planned GEMM expects four pipeline stages");
+
+  struct SharedStorage {
+    alignas(128) typename Mainloop::TensorStorage mainloop;
+    alignas(128) typename Mainloop::TensorMapStorage tensormaps;
+    alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(16) __nv_bfloat16 stage[kPlannedTileM * kStagePitch];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    const GemmTileEntry* table;
+    const int* count;
+    int a_rows, N, K, n_out;
+    __nv_bfloat16* D;
+    unsigned* flags;
+    unsigned long long* tile_times;
+  };
+};
+
+__device__ __forceinline__ float planned_silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float planned_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+__device__ __forceinline__ unsigned long long planned_globaltimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+template <class Types, PlannedEpilogue kEpilogue>
+__global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_constant__ typename Types::Params params) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using X = Underscore;
+  using Mainloop = typename Types::Mainloop;
+  using TileShape = typename Types::TileShape;
+  using ClusterShape = typename Types::ClusterShape;
+  using Pipeline = typename Mainloop::MainloopPipeline;
+  using TiledMma = typename Mainloop::TiledMma;
+  constexpr int kMmaThreads = 256;
+  static_assert(size(TiledMma{}) == kMmaThreads);
+
+  extern __shared__ __align__(128) char smem_raw[];
+  auto& smem = *reinterpret_cast<typename Types::SharedStorage*>(smem_raw);
+
+  const int thread = int(threadIdx.x);
+  const int warp_group = thread / 128;
+  const int warp_in_group = (thread / 32) % 4;
+  const int lane = thread % 32;
+  const uint32_t rank_in_cluster = cute::block_rank_in_cluster();
+  const int cluster_id = int(blockIdx.x) / Types::kClusterM;
+  const int clusters = int(gridDim.x) / Types::kClusterM;
+  const int sm_idx = int(blockIdx.x + blockIdx.y * gridDim.x);
+  const int sm_count = int(gridDim.x * gridDim.y);
+
+  typename Pipeline::Params pipe_params;
+  if (warp_group == 0 && warp_in_group == 0) pipe_params.role = Pipeline::ThreadCategory::Producer;
+  if (warp_group > 0) pipe_params.role = Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = (thread % 128) == 0;
+  pipe_params.num_consumers = kMmaThreads;
+  pipe_params.num_producers = Mainloop::NumProducerThreadEvents;
+  pipe_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
+  Pipeline pipeline(smem.pipeline, pipe_params, ClusterShape{});
+
+  // The pipeline barriers of every CTA of the cluster must be initialised before any TMA
+  // multicast or remote arrive touches them.
+  if constexpr (Types::kClusterSize > 1) {
+    cute::cluster_arrive_relaxed();
+    cute::cluster_wait();
+  } else {
+    __syncthreads();
+  }
+
+  const int entries = *params.count;
+  const int items = entries > 0 ? entries / Types::kClusterSize : 0;
+  const int k_tiles = (params.K + int(size<2>(TileShape{})) - 1) / int(size<2>(TileShape{}));
+  Mainloop mainloop;
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp_in_group != 0) return;
+    auto tensormaps = mainloop.tensormaps_init(params.mainloop, smem.tensormaps, sm_count, sm_idx);
+    auto write_state = cutlass::make_producer_start_state<Pipeline>();
+    const auto problem = make_shape(params.a_rows, params.N, params.K, 1);
+    Tensor mA = params.mainloop.tma_load_a.get_tma_tensor(make_shape(params.a_rows, params.K, 1));
+    Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(params.N, params.K, 1));
+    Tensor gB_nkl = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+    int group = -1;
+    for (int item = cluster_id; item < items; item += clusters) {
+      const GemmTileEntry e = params.table[item * Types::kClusterSize + int(rank_in_cluster)];
+      if (e.group != group) {
+        mainloop.tensormaps_perform_update(smem.tensormaps, params.mainloop, tensormaps, problem, e.group);
+        __syncwarp();
+        mainloop.tensormaps_cp_fence_release(smem.tensormaps, tensormaps);
+        mainloop.tensormaps_fence_acquire(tensormaps);
+        group = e.group;
+      }
+      // A's tile starts at the entry's first row, wherever that is (rows past the group belong
+      // to the next group or are out of bounds: loaded, never stored).
+      Tensor gA_mkl = local_tile(domain_offset(make_coord(e.row_begin, 0, 0), mA), TileShape{}, make_coord(_, _, _),
+                                 Step<_1, X, _1>{});
+      auto k_iter = cute::make_coord_iterator(shape<3>(gA_mkl));
+      mainloop.load(params.mainloop, pipeline, write_state, cute::make_tuple(gA_mkl, gB_nkl), tensormaps,
+                    make_coord(0, e.col_tile, _, 0), k_iter, k_tiles, lane, rank_in_cluster, smem.mainloop);
+      write_state.advance(k_tiles);
+    }
+    // Do not leave while a mate may still multicast into this CTA or release its stages.
+    mainloop.load_tail(pipeline, write_state);
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int mma_thread = thread - 128;
+  TiledMma tiled_mma;
+  auto read_state = typename Mainloop::PipelineState{};
+  auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
+  Tensor tile_coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+  constexpr int kEpilogueBarrier = int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
+  constexpr int kPasses = kEpilogue == PlannedEpilogue::SwiGLU ? 1 : 2;
+  constexpr int kOutTileCols = kEpilogue == PlannedEpilogue::SwiGLU ? kPlannedTileN / 2 : kPlannedTileN;
+  __nv_bfloat16* stage = smem.stage;
+
+  for (int item = cluster_id; item < items; item += clusters) {
+    const int index = item * Types::kClusterSize + int(rank_in_cluster);
+    const GemmTileEntry e = params.table[index];
+    if (params.tile_times != nullptr && mma_thread == 0) params.tile_times[2 * index] = planned_globaltimer();
+
+    Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+    mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, smem.mainloop, params.mainloop);
+    mainloop.mma_tail(pipeline, read_state, k_tiles);
+    read_state.advance(k_tiles);
+
+    const int64_t col_base = int64_t(e.col_tile) * kOutTileCols;
+    CUTLASS_PRAGMA_UNROLL
+    for (int pass = 0; pass < kPasses; ++pass) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(accum); ++i) {
+        const int r = get<0>(tile_coord(i));
+        const int c = get<1>(tile_coord(i));
+        if constexpr (kEpilogue == PlannedEpilogue::SwiGLU) {
+          // accum(i), accum(i + 1) are columns c, c + 1 of one row (i even): gate and up
+          if ((i & 1) == 0) {
+            stage[r * kStagePitch + c / 2] = __float2bfloat16_rn(planned_silu(accum(i)) * accum(i + 1));
+          }
+        } else {
+          const int sc = c - pass * kStageCols;
+          if (sc >= 0 && sc < kStageCols) {
+            const float v = kEpilogue == PlannedEpilogue::GELU ? planned_gelu(accum(i)) : accum(i);
+            stage[r * kStagePitch + sc] = __float2bfloat16_rn(v);
+          }
+        }
+      }
+      cutlass::arch::NamedBarrier::sync(kMmaThreads, kEpilogueBarrier);
+      // 16 chunks of 8 columns per row; only the entry's real rows and the matrix's columns.
+      constexpr int kChunksPerRow = kStageCols / 8;
+      const int64_t pass_col = col_base + pass * kStageCols;
+      for (int chunk = mma_thread; chunk < kPlannedTileM * kChunksPerRow; chunk += kMmaThreads) {
+        const int r = chunk / kChunksPerRow;
+        const int64_t col = pass_col + (chunk % kChunksPerRow) * 8;
+        if (r < e.rows && col < params.n_out) {
+          const uint4 v = *reinterpret_cast<const uint4*>(stage + r * kStagePitch + (chunk % kChunksPerRow) * 8);
+          *reinterpret_cast<uint4*>(params.D + (int64_t(e.row_begin) + r) * params.n_out + col) = v;
+        }
+      }
+      cutlass::arch::NamedBarrier::sync(kMmaThreads, kEpilogueBarrier);
+    }
+    // Every MMA thread's stores are ordered before the barrier above; the fence makes them
+    // visible at GPU scope before the flag (cumulativity), so an acquiring reader sees the tile.
+    if (mma_thread == 0) {
+      if (e.flag >= 0 && params.flags != nullptr) {
+        __threadfence();
+        atomicAdd(params.flags + e.flag, 1u);
+      }
+      if (params.tile_times != nullptr) params.tile_times[2 * index + 1] = planned_globaltimer();
+    }
+  }
+#else
+  // Built without sm_90a: never launched (the host checks the device), but keep the symbol.
+  if (threadIdx.x == 0 && blockIdx.x == 0) asm volatile("trap;");
+#endif
+}
+
+// Per group: A's descriptor spans all rows (shape a_rows x K), B's points at the group's weights.
+template <class Stride>
+__global__ void planned_gemm_setup_kernel(int groups, const cutlass::bfloat16_t* A, int a_rows,
+                                          const cutlass::bfloat16_t* B, int N, int K,
+                                          const cutlass::bfloat16_t** ptr_A, const cutlass::bfloat16_t** ptr_B,
+                                          Stride* stride_A, Stride* stride_B) {
+  const int g = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (g >= groups) return;
+  ptr_A[g] = A;
+  ptr_B[g] = B + int64_t(g) * N * K;
+  stride_A[g] = cutlass::make_cute_packed_stride(Stride{}, cute::make_shape(a_rows, K, 1));
+  stride_B[g] = cutlass::make_cute_packed_stride(Stride{}, cute::make_shape(N, K, 1));
+}
+
+template <class ClusterShape, PlannedEpilogue kEpilogue>
+class PlannedGemmImpl final : public PlannedGemmBackend {
+  using Types = PlannedGemmTypes<ClusterShape>;
+  using Mainloop = typename Types::Mainloop;
+  using Stride = typename Types::Stride;
+  using Element = cutlass::bfloat16_t;
+
+ public:
+  PlannedGemmImpl(int max_groups, int device, int sm_limit) : max_groups_(max_groups) {
+    const void* kernel = reinterpret_cast<const void*>(&planned_gemm_kernel<Types, kEpilogue>);
+    TILEMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Types::kSmemBytes));
+    if constexpr (Types::kClusterSize > 1) {
+      TILEMOE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 0));
+    }
+    int sms = 0;
+    TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    cudaLaunchAttribute attr{};
+    cudaLaunchConfig_t config = launch_config(1, nullptr, attr);
+    config.gridDim = dim3(Types::kClusterM, Types::kClusterN, 1);
+    int max_clusters = 0;
+    TILEMOE_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config));
+    if (max_clusters <= 0) {
+      throw_internal("planned GEMM: no cluster of " + std::to_string(Types::kClusterSize) + " CTAs with " +
+                     std::to_string(Types::kSmemBytes) + " bytes of shared memory fits on device " +
+                     std::to_string(device));
+    }
+    const int sm_budget = sm_limit > 0 ? std::min(sm_limit, sms) : sms;
+    clusters_ = std::min(max_clusters, sm_budget / Types::kClusterSize);
+    if (clusters_ <= 0) {
+      throw_bad_input("planned GEMM: sm_limit " + std::to_string(sm_limit) + " is smaller than the cluster size " +
+                      std::to_string(Types::kClusterSize));
+    }
+    ptr_A_ = DeviceArray<const Element*>(std::size_t(max_groups));
+    ptr_B_ = DeviceArray<const Element*>(std::size_t(max_groups));
+    stride_A_ = DeviceArray<Stride>(std::size_t(max_groups));
+    stride_B_ = DeviceArray<Stride>(std::size_t(max_groups));
+    typename Mainloop::Arguments args{ptr_A_.data(), stride_A_.data(), ptr_B_.data(), stride_B_.data()};
+    typename Types::ProblemShape problem{max_groups, nullptr, nullptr};
+    workspace_ = DeviceArray<std::uint8_t>(Mainloop::get_workspace_size(problem, args, grid_ctas()));
+    mainloop_params_ = Mainloop::to_underlying_arguments(problem, args, workspace_.data());
+  }
+
+  int grid_ctas() const override { return clusters_ * Types::kClusterSize; }
+
+  void run(cudaStream_t stream, const PlannedGemmRun& r) override {
+    planned_gemm_setup_kernel<Stride><<<(r.groups + 127) / 128, 128, 0, stream>>>(
+        r.groups, reinterpret_cast<const Element*>(r.A), r.a_rows, reinterpret_cast<const Element*>(r.B), r.N, r.K,
+        ptr_A_.data(), ptr_B_.data(), stride_A_.data(), stride_B_.data());
+    TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
+    typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
+                                  kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
+                                  r.D, r.flags, r.tile_times};
+    cudaLaunchAttribute attr{};
+    const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
+    TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
+  }
+
+ private:
+  // grid: clusters side by side along x; a cluster is kClusterM x kClusterN CTAs, as the
+  // collective's multicast masks and pipeline arrivals expect.
+  static cudaLaunchConfig_t launch_config(int clusters, cudaStream_t stream, cudaLaunchAttribute& attr) {
+    cudaLaunchAttribute* a = &attr;
+    a->id = cudaLaunchAttributeClusterDimension;
+    a->val.clusterDim.x = unsigned(Types::kClusterM);
+    a->val.clusterDim.y = unsigned(Types::kClusterN);
+    a->val.clusterDim.z = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(unsigned(clusters * Types::kClusterM), unsigned(Types::kClusterN), 1);
+    config.blockDim = dim3(384, 1, 1);
+    config.dynamicSmemBytes = std::size_t(Types::kSmemBytes);
+    config.stream = stream;
+    config.attrs = a;
+    config.numAttrs = 1;
+    return config;
+  }
+
+  int max_groups_;
+  int clusters_ = 0;
+  DeviceArray<const Element*> ptr_A_, ptr_B_;
+  DeviceArray<Stride> stride_A_, stride_B_;
+  DeviceArray<std::uint8_t> workspace_;
+  typename Mainloop::Params mainloop_params_{};
+};
+
+}  // namespace tilemoe::cuda::detail
