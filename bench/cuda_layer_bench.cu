@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/device_array.hpp"
 #include "exec/cuda/grouped_gemm.hpp"
 #include "exec/cuda/layer_timing.hpp"
 #include "exec/cuda/moe_kernels.hpp"
+#include "exec/cuda/planned_gemm.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/median.hpp"
 
@@ -134,6 +136,7 @@ int main(int argc, char** argv) {
     std::printf("%-14s %6s %-8s | %8s %8s %8s %8s %8s %8s %8s | %9s %7s %7s | %9s %9s %6s\n", "shape", "tokens", "routing",
                 "router", "layout", "permute", "gemm0", "act", "gemm1", "combine", "total ms", "TFLOP/s", "x floor",
                 "ffn ms", "cublas ffn", "ratio");
+    std::printf("(stock: the same layer on CUTLASS's stock grouped kernels + a separate activation: total, ffn ms)\n");
     for (const Shape& shape : shapes) {
       for (int tokens : token_counts) {
         MoeConfig config;
@@ -143,6 +146,8 @@ int main(int argc, char** argv) {
         config.num_experts = shape.experts;
         config.top_k = shape.top_k;
         cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{7});
+        // the same layer on CUTLASS's stock kernels + a separate activation kernel (same weights)
+        cuda::MoeLayer stock_layer(config, cuda::RandomDeviceWeights{7}, 0, {cuda::GemmPath::Stock});
         float* logits;
         TILEMOE_CUDA_CHECK(cudaMalloc(&logits, std::size_t(tokens) * shape.experts * 4));
         for (const char* routing : {"balanced", "skewed"}) {
@@ -154,6 +159,7 @@ int main(int argc, char** argv) {
             host_logits[i] = normal(rng) - (routing[0] == 's' ? 1.5f * std::log(float(e + 1)) : 0.0f);
           }
           TILEMOE_CUDA_CHECK(cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
+          const cuda::LayerTiming stock_timing = cuda::time_layer_forward(stock_layer, logits, tokens, 25, s);
           const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits, tokens, 25, s);
           // the cuBLAS per-expert loop on the same permuted rows (host needs the counts: baseline only)
           std::vector<int> offsets(shape.experts + 1);
@@ -206,6 +212,58 @@ int main(int argc, char** argv) {
             first_config = false;
             config_report += text;
           }
+          // The planned GEMM's ready-flag hook: the same tiles with no flag, with one release add
+          // per tile, and with a flag plus two timestamps per tile; both clusters.
+          std::string planned_report;
+          for (cuda::PlannedCluster cl : {cuda::PlannedCluster::M2, cuda::PlannedCluster::N2}) {
+            cuda::PlannedGemm p0(cl, cuda::PlannedEpilogue::SwiGLU, shape.experts, 0);
+            cuda::PlannedGemm p1(cl, cuda::PlannedEpilogue::Store, shape.experts, 0);
+            const auto t0_none = cuda::build_tile_table(offsets, 2 * shape.ffn, cl, cuda::TileFlags::None);
+            const auto t0_flag = cuda::build_tile_table(offsets, 2 * shape.ffn, cl, cuda::TileFlags::PerTile);
+            const auto t1_none = cuda::build_tile_table(offsets, shape.hidden, cl, cuda::TileFlags::None);
+            const auto t1_flag = cuda::build_tile_table(offsets, shape.hidden, cl, cuda::TileFlags::PerTile);
+            const std::size_t most = std::max(t0_flag.size(), t1_flag.size());
+            cuda::DeviceArray<cuda::GemmTileEntry> d_table(most);
+            cuda::DeviceArray<int> d_count(1);
+            cuda::DeviceArray<unsigned> d_flags(most);
+            cuda::DeviceArray<unsigned long long> d_times(2 * most);
+            TILEMOE_CUDA_CHECK(cudaMemset(d_flags.data(), 0, most * 4));
+            auto time_table = [&](cuda::PlannedGemm& g, const std::vector<cuda::GemmTileEntry>& t, bool gemm0, bool times) {
+              const int n = static_cast<int>(t.size());
+              TILEMOE_CUDA_CHECK(cudaMemcpy(d_table.data(), t.data(), t.size() * sizeof(t[0]), cudaMemcpyHostToDevice));
+              TILEMOE_CUDA_CHECK(cudaMemcpy(d_count.data(), &n, 4, cudaMemcpyHostToDevice));
+              cuda::PlannedGemmRun r;
+              r.table = d_table.data();
+              r.count = d_count.data();
+              r.a_rows = static_cast<int>(R);
+              r.groups = shape.experts;
+              r.A = gemm0 ? layer.permuted_rows() : abuf;
+              r.B = gemm0 ? layer.expert_weights0() : layer.expert_weights2();
+              r.D = gemm0 ? abuf : ybuf;
+              r.N = gemm0 ? 2 * shape.ffn : shape.hidden;
+              r.K = gemm0 ? shape.hidden : shape.ffn;
+              r.flags = d_flags.data();
+              r.tile_times = times ? d_times.data() : nullptr;
+              std::vector<double> ms;
+              for (int run = 0; run < 13; ++run) {
+                const double t_ms = timer.ms(s, [&] { g.run(s, r); });
+                if (run >= 3) ms.push_back(t_ms);
+              }
+              return median(ms);
+            };
+            // interleaved variants, so drift between them does not read as a cost
+            const double g0_none = time_table(p0, t0_none, true, false), g0_flag = time_table(p0, t0_flag, true, false);
+            const double g1_none = time_table(p1, t1_none, false, false), g1_flag = time_table(p1, t1_flag, false, false);
+            const double g1_trace = time_table(p1, t1_flag, false, true);
+            const double g0_none2 = time_table(p0, t0_none, true, false), g1_none2 = time_table(p1, t1_none, false, false);
+            char text[256];
+            std::snprintf(text, sizeof text,
+                          "%s\"%s\":{\"gemm0_ms\":%.4f,\"gemm0_flags_ms\":%.4f,\"gemm1_ms\":%.4f,\"gemm1_flags_ms\":%.4f,"
+                          "\"gemm1_flags_times_ms\":%.4f}",
+                          planned_report.empty() ? "" : ",", cuda::planned_cluster_name(cl), std::min(g0_none, g0_none2),
+                          g0_flag, std::min(g1_none, g1_none2), g1_flag, g1_trace);
+            planned_report += text;
+          }
           cudaFree(hbuf);
           cudaFree(abuf);
           cudaFree(ybuf);
@@ -222,14 +280,19 @@ int main(int argc, char** argv) {
           const double ffn_ms = timing.stage_ms[cuda::kGemm0] + timing.stage_ms[cuda::kActivation] + timing.stage_ms[cuda::kGemm1];
           std::printf("%-14s %6d %-8s |", shape.name, tokens, routing);
           for (int st = 0; st < cuda::kStageCount; ++st) std::printf(" %8.3f", timing.stage_ms[st]);
-          std::printf(" | %9.3f %7.0f %7.2f | %9.3f %9.3f %6.2f\n", total_ms, flops / (total_ms * 1e-3) / 1e12, total_ms / floor_ms,
-                      ffn_ms, median(cublas_ffn), median(cublas_ffn) / ffn_ms);
+          std::printf(" | %9.3f %7.0f %7.2f | %9.3f %9.3f %6.2f | stock %9.3f %9.3f\n", total_ms, flops / (total_ms * 1e-3) / 1e12,
+                      total_ms / floor_ms, ffn_ms, median(cublas_ffn), median(cublas_ffn) / ffn_ms, stock_timing.total_ms,
+                      stock_timing.stage_ms[cuda::kGemm0] + stock_timing.stage_ms[cuda::kActivation] + stock_timing.stage_ms[cuda::kGemm1]);
           if (json) {
             std::fprintf(json, "{\"kind\":\"layer\",\"shape\":\"%s\",\"tokens\":%d,\"routing\":\"%s\",\"total_ms\":%.4f,\"floor_ms\":%.4f,"
                          "\"ffn_ms\":%.4f,\"cublas_loop_ffn_ms\":%.4f,\"flops\":%.4e,\"bytes\":%.4e",
                          shape.name, tokens, routing, total_ms, floor_ms, ffn_ms, median(cublas_ffn), flops, weight_bytes + act_bytes);
             for (int st = 0; st < cuda::kStageCount; ++st) std::fprintf(json, ",\"%s_ms\":%.4f", cuda::stage_name(st), timing.stage_ms[st]);
             std::fprintf(json, ",\"gemm_configs_ms\":{%s}", config_report.c_str());
+            std::fprintf(json, ",\"planned_ms\":{%s}", planned_report.c_str());
+            std::fprintf(json, ",\"gemm\":\"%s\",\"stock_total_ms\":%.4f,\"stock_ffn_ms\":%.4f", layer.gemm_description().c_str(),
+                         stock_timing.total_ms,
+                         stock_timing.stage_ms[cuda::kGemm0] + stock_timing.stage_ms[cuda::kActivation] + stock_timing.stage_ms[cuda::kGemm1]);
             std::fprintf(json, "}\n");
             std::fflush(json);
           }

@@ -8,7 +8,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer cli cli-bench memcheck racecheck bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer cli cli-bench memcheck racecheck planned-sanitize bench torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -34,6 +34,9 @@ for step in "${steps[@]}"; do
     layer) run_step layer "$bin/test_moe_layer" ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     racecheck) run_step racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
+    planned-sanitize)
+      run_step planned-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_planned_gemm" --small
+      run_step planned-racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;
     bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;

@@ -123,7 +123,21 @@ void run_case(const Case& c, std::uint64_t seed) {
   char text[200];
   std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e (CPU executor: %.2e), vs the CPU executor %.2e",
                 vs_fp64.relative_frobenius, cpu_vs_fp64.relative_frobenius, vs_cpu.relative_frobenius);
-  expect(vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2, text);
+  expect(vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2,
+         layer.gemm_description() + ": " + text);
+
+  // the stock-kernel path (separate activation kernel, another rounding point) on the same step
+  {
+    cuda::MoeLayer stock(config, weights, 0, {cuda::GemmPath::Stock});
+    TILEMOE_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_bytes, stream));
+    stock.forward(stream, input, logits, output, c.tokens);
+    stock.check(stream);
+    Matrix out(DType::BF16, c.tokens, c.hidden);
+    if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out_bytes, cudaMemcpyDeviceToHost));
+    const ErrorStats stock_vs_fp64 = compare({out}, fp64_reference(world, step.inputs, routing, weights));
+    std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e", stock_vs_fp64.relative_frobenius);
+    expect(stock_vs_fp64.finite && stock_vs_fp64.relative_frobenius < 1e-2, stock.gemm_description() + ": " + text);
+  }
 
   cudaFree(input);
   cudaFree(logits);

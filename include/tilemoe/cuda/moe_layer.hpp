@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "tilemoe/config.hpp"
 #include "tilemoe/routing.hpp"
@@ -28,14 +29,25 @@ struct RandomDeviceWeights {
   std::uint64_t seed = 1;
 };
 
+// Which grouped GEMMs a layer runs.
+//  Planned: the tile-table GEMM (src/exec/cuda/planned_gemm.hpp) with the activation fused into
+//           GEMM0's epilogue (the activation stage is empty); the tile tables are built on the
+//           device during the layout stage. The default.
+//  Stock:   CUTLASS's own grouped kernels and a separate activation kernel that reads gate and
+//           up rounded to bf16 (another rounding point); kept as a baseline.
+enum class GemmPath { Planned, Stock };
+struct MoeLayerOptions {
+  GemmPath gemm = GemmPath::Planned;
+};
+
 class MoeLayer {
  public:
   // `config.tokens` is the largest token count forward() will be given; workspaces are sized
   // for it once. Weights are uploaded (bf16) to `device`. Bad input (fp32 storage, capacity
   // factor > 0, more than 1024 experts) is a bad-input error: the CUDA backend does not do
   // them yet.
-  MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device = 0);
-  MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device = 0);
+  MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device = 0, MoeLayerOptions options = {});
+  MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device = 0, MoeLayerOptions options = {});
   ~MoeLayer();
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
@@ -60,6 +72,8 @@ class MoeLayer {
   Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;
 
   const MoeConfig& config() const;
+  // The GEMM configuration in use, e.g. "planned c1x2" or "stock coop128x256_c1x2".
+  std::string gemm_description() const;
 
  private:
   struct Impl;

@@ -7,6 +7,7 @@
 #include "cuda_check.hpp"
 #include "device_array.hpp"
 #include "grouped_gemm.hpp"
+#include "planned_gemm.hpp"
 #include "moe_kernels.hpp"
 #include "tilemoe/error.hpp"
 
@@ -27,6 +28,11 @@ GemmConfig pick_config(const MoeConfig& c) {
   return GemmConfig::Coop128x256Cluster1x2;
 }
 
+// The planned GEMM has 128 x 256 tiles only; the cluster follows the same measurements.
+PlannedCluster pick_planned_cluster(const MoeConfig& c) {
+  return pick_config(c) == GemmConfig::Coop128x256Cluster2x1 ? PlannedCluster::M2 : PlannedCluster::N2;
+}
+
 __nv_bfloat16 to_bf16(float v) { return __float2bfloat16_rn(v); }
 
 }  // namespace
@@ -43,13 +49,19 @@ struct MoeLayer::Impl {
   DeviceArray<char> layout_temp;
   std::size_t layout_temp_bytes = 0;
   DeviceArray<__nv_bfloat16> rows, h, act, y;
-  std::unique_ptr<GroupedGemm> gemm0, gemm1;
+  MoeLayerOptions options;
+  std::unique_ptr<GroupedGemm> gemm0, gemm1;           // GemmPath::Stock
+  std::unique_ptr<PlannedGemm> planned0, planned1;     // GemmPath::Planned
+  DeviceArray<GemmTileEntry> table0, table1;
+  DeviceArray<int> table_count;                        // [2]: entries of table0, table1
+  int table0_capacity = 0, table1_capacity = 0;
 
-  void init(const MoeConfig& c, int dev);
+  void init(const MoeConfig& c, int dev, MoeLayerOptions opts);
 };
 
-MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device) : impl_(std::make_unique<Impl>()) {
-  impl_->init(config, device);
+MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device, MoeLayerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->init(config, device, options);
   Impl& m = *impl_;
   const std::int64_t H = config.hidden, F = config.ffn_hidden;
   launch_random_bf16(nullptr, m.w0.data(), m.w0.count(), weights.seed, std::sqrt(3.0f / static_cast<float>(H)));
@@ -57,13 +69,14 @@ MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int dev
   TILEMOE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-void MoeLayer::Impl::init(const MoeConfig& c, int dev) {
+void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   validate(c);
   if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
   if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
   if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
   config = c;
   device = dev;
+  options = opts;
   gelu = c.activation == Activation::GELU;
   TILEMOE_CUDA_CHECK(cudaSetDevice(device));
   const std::int64_t E = c.num_experts, H = c.hidden, F = c.ffn_hidden;
@@ -82,20 +95,35 @@ void MoeLayer::Impl::init(const MoeConfig& c, int dev) {
   layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(E));
   layout_temp = DeviceArray<char>(layout_temp_bytes);
   rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
-  h = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(gemm0_n));
   act = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(F));
   y = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
-  const GemmConfig gemm_config = pick_config(c);
-  gemm0 = std::make_unique<GroupedGemm>(gemm_config, static_cast<int>(E), device);
-  gemm1 = std::make_unique<GroupedGemm>(gemm_config, static_cast<int>(E), device);
+  if (options.gemm == GemmPath::Stock) {
+    h = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(gemm0_n));
+    const GemmConfig gemm_config = pick_config(c);
+    gemm0 = std::make_unique<GroupedGemm>(gemm_config, static_cast<int>(E), device);
+    gemm1 = std::make_unique<GroupedGemm>(gemm_config, static_cast<int>(E), device);
+    return;
+  }
+  const PlannedCluster cluster = pick_planned_cluster(c);
+  const std::int64_t cap0 = max_tile_entries(static_cast<std::int64_t>(slots), static_cast<int>(E), static_cast<int>(gemm0_n), cluster);
+  const std::int64_t cap1 = max_tile_entries(static_cast<std::int64_t>(slots), static_cast<int>(E), static_cast<int>(H), cluster);
+  if (cap0 > INT_MAX || cap1 > INT_MAX) throw_bad_input("the layer is too large for one tile table");
+  table0_capacity = static_cast<int>(cap0);
+  table1_capacity = static_cast<int>(cap1);
+  table0 = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(cap0));
+  table1 = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(cap1));
+  table_count = DeviceArray<int>(2);
+  planned0 = std::make_unique<PlannedGemm>(cluster, gelu ? PlannedEpilogue::GELU : PlannedEpilogue::SwiGLU, static_cast<int>(E), device);
+  planned1 = std::make_unique<PlannedGemm>(cluster, PlannedEpilogue::Store, static_cast<int>(E), device);
 }
 
-MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device) : impl_(std::make_unique<Impl>()) {
+MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device, MoeLayerOptions options)
+    : impl_(std::make_unique<Impl>()) {
   if (weights.hidden != config.hidden || weights.ffn_hidden != config.ffn_hidden ||
       weights.num_experts != config.num_experts || weights.activation != config.activation) {
     throw_bad_input("the expert weights do not match the layer config");
   }
-  impl_->init(config, device);
+  impl_->init(config, device, options);
   Impl& m = *impl_;
   const std::int64_t E = config.num_experts, H = config.hidden, F = config.ffn_hidden;
 
@@ -127,6 +155,12 @@ MoeLayer::~MoeLayer() = default;
 
 const MoeConfig& MoeLayer::config() const { return impl_->config; }
 
+std::string MoeLayer::gemm_description() const {
+  const Impl& m = *impl_;
+  if (m.options.gemm == GemmPath::Planned) return std::string("planned ") + planned_cluster_name(m.planned0->cluster());
+  return std::string("stock ") + gemm_config_name(m.gemm0->config());
+}
+
 void MoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits,
                        __nv_bfloat16* output, std::int64_t tokens, const StageEvents* events) {
   Impl& m = *impl_;
@@ -150,14 +184,50 @@ void MoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const fl
   mark(kLayout);
   launch_layout(stream, m.expert.data(), slots, E, m.layout_temp.data(), m.layout_temp_bytes, m.sorted_expert.data(),
                 m.row_offset.data(), m.slot_of_row.data(), m.row_of_slot.data());
+  const bool planned = m.options.gemm == GemmPath::Planned;
+  if (planned) {
+    const PlannedCluster cluster = m.planned0->cluster();
+    launch_build_tile_table(stream, m.row_offset.data(), E, static_cast<int>(m.gemm0_n), cluster, TileFlags::None,
+                            m.table0.data(), m.table0_capacity, m.table_count.data());
+    launch_build_tile_table(stream, m.row_offset.data(), E, H, cluster, TileFlags::None, m.table1.data(),
+                            m.table1_capacity, m.table_count.data() + 1);
+  }
   mark(kPermute);
   launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.rows.data());
   mark(kGemm0);
-  m.gemm0->run(stream, E, m.row_offset.data(), m.rows.data(), m.w0.data(), m.h.data(), static_cast<int>(m.gemm0_n), H);
+  if (planned) {
+    PlannedGemmRun r;
+    r.table = m.table0.data();
+    r.count = m.table_count.data();
+    r.A = m.rows.data();
+    r.a_rows = slots;
+    r.B = m.w0.data();
+    r.groups = E;
+    r.D = m.act.data();  // the activation is fused: GEMM0 writes act directly
+    r.N = static_cast<int>(m.gemm0_n);
+    r.K = H;
+    m.planned0->run(stream, r);
+  } else {
+    m.gemm0->run(stream, E, m.row_offset.data(), m.rows.data(), m.w0.data(), m.h.data(), static_cast<int>(m.gemm0_n), H);
+  }
   mark(kActivation);
-  launch_activation(stream, m.h.data(), slots, F, m.gelu, m.act.data());
+  if (!planned) launch_activation(stream, m.h.data(), slots, F, m.gelu, m.act.data());
   mark(kGemm1);
-  m.gemm1->run(stream, E, m.row_offset.data(), m.act.data(), m.w2.data(), m.y.data(), H, F);
+  if (planned) {
+    PlannedGemmRun r;
+    r.table = m.table1.data();
+    r.count = m.table_count.data() + 1;
+    r.A = m.act.data();
+    r.a_rows = slots;
+    r.B = m.w2.data();
+    r.groups = E;
+    r.D = m.y.data();
+    r.N = H;
+    r.K = F;
+    m.planned1->run(stream, r);
+  } else {
+    m.gemm1->run(stream, E, m.row_offset.data(), m.act.data(), m.w2.data(), m.y.data(), H, F);
+  }
   mark(kCombine);
   launch_combine(stream, m.y.data(), m.weight.data(), m.row_of_slot.data(), T, k, H, output);
   mark(kStageCount);

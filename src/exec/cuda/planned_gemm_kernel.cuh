@@ -189,7 +189,8 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
   auto read_state = typename Mainloop::PipelineState{};
   auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
   Tensor tile_coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
-  constexpr int kEpilogueBarrier = int(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
+  // NamedBarrier ids are relative to CUTLASS's reserved ones (the hardware id is 0 + 8 here).
+  constexpr int kEpilogueBarrier = 0;
   constexpr int kPasses = kEpilogue == PlannedEpilogue::SwiGLU ? 1 : 2;
   constexpr int kOutTileCols = kEpilogue == PlannedEpilogue::SwiGLU ? kPlannedTileN / 2 : kPlannedTileN;
   __nv_bfloat16* stage = smem.stage;
