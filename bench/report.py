@@ -45,6 +45,23 @@ def main(bench_path, torch_path):
             cell = f"{g0:.3f} / {g1:.3f}"
             cells.append(f"**{cell}**" if c == best else cell)
         print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | " + " | ".join(cells) + " |")
+    if "planned_ms" not in layers[0]:
+        return
+    print("\nThe layer on the planned GEMM (default) vs the same layer on the stock kernels, same call (ms):\n")
+    print("| shape | tokens | routing | planned | layer | FFN | stock layer | stock FFN | FFN stock / planned |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in layers:
+        print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {r['gemm']} | {r['total_ms']:.3f} | {r['ffn_ms']:.3f} "
+              f"| {r['stock_total_ms']:.3f} | {r['stock_ffn_ms']:.3f} | {r['stock_ffn_ms'] / r['ffn_ms']:.3f} |")
+    print("\nCost of the ready-flag hook: planned GEMM time with one release add per tile (and with two"
+          " timestamps more) over the same tiles without flags:\n")
+    print("| shape | tokens | routing | cluster | GEMM0+SwiGLU ms | with flags | GEMM1 ms | with flags | flags + times |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in layers:
+        for cl, p in r["planned_ms"].items():
+            print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_ms']:.3f} "
+                  f"| {p['gemm0_flags_ms'] / p['gemm0_ms']:.3f}x | {p['gemm1_ms']:.3f} "
+                  f"| {p['gemm1_flags_ms'] / p['gemm1_ms']:.3f}x | {p['gemm1_flags_times_ms'] / p['gemm1_ms']:.3f}x |")
 
 
 if __name__ == "__main__":
