@@ -95,6 +95,13 @@ struct PlannedGemmTypes {
 __device__ __forceinline__ float planned_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float planned_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
+// A barrier over the 256 MMA threads (hardware barrier 8: CUTLASS reserves 0-7). Unlike
+// cutlass::arch::NamedBarrier, the asm carries a memory clobber, so the compiler cannot move
+// the staging buffer's ordinary smem loads and stores across it.
+__device__ __forceinline__ void planned_epilogue_barrier() {
+  asm volatile("bar.sync 8, 256;" ::: "memory");
+}
+
 __device__ __forceinline__ unsigned long long planned_globaltimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -189,8 +196,6 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
   auto read_state = typename Mainloop::PipelineState{};
   auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
   Tensor tile_coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
-  // NamedBarrier ids are relative to CUTLASS's reserved ones (the hardware id is 0 + 8 here).
-  constexpr int kEpilogueBarrier = 0;
   constexpr int kPasses = kEpilogue == PlannedEpilogue::SwiGLU ? 1 : 2;
   constexpr int kOutTileCols = kEpilogue == PlannedEpilogue::SwiGLU ? kPlannedTileN / 2 : kPlannedTileN;
   __nv_bfloat16* stage = smem.stage;
@@ -225,7 +230,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
           }
         }
       }
-      cutlass::arch::NamedBarrier::sync(kMmaThreads, kEpilogueBarrier);
+      planned_epilogue_barrier();
       // 16 chunks of 8 columns per row; only the entry's real rows and the matrix's columns.
       constexpr int kChunksPerRow = kStageCols / 8;
       const int64_t pass_col = col_base + pass * kStageCols;
@@ -237,7 +242,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
           *reinterpret_cast<uint4*>(params.D + (int64_t(e.row_begin) + r) * params.n_out + col) = v;
         }
       }
-      cutlass::arch::NamedBarrier::sync(kMmaThreads, kEpilogueBarrier);
+      planned_epilogue_barrier();
     }
     // Every MMA thread's stores are ordered before the barrier above; the fence makes them
     // visible at GPU scope before the flag (cumulativity), so an acquiring reader sees the tile.
