@@ -170,6 +170,10 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     for (int item = cluster_id; item < items; item += clusters) {
       const GemmTileEntry e = params.table[item * Types::kClusterSize + int(rank_in_cluster)];
       if (e.group != group) {
+        // The whole warp read the smem descriptors (cp_fence_release) for the previous group;
+        // only the elected lane went on to issue that group's loads. Converge before that lane
+        // rewrites them.
+        __syncwarp();
         mainloop.tensormaps_perform_update(smem.tensormaps, params.mainloop, tensormaps, problem, e.group);
         __syncwarp();
         mainloop.tensormaps_cp_fence_release(smem.tensormaps, tensormaps);
