@@ -21,6 +21,7 @@
 
 #include "exec/cuda/grouped_gemm.hpp"
 #include "tilemoe/error.hpp"
+#include "sm90_device.hpp"
 
 using tilemoe::cuda::GemmConfig;
 using tilemoe::cuda::GroupedGemm;
@@ -377,19 +378,8 @@ void test_bad_input(cudaStream_t stream) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device\n");
-    return 77;
-  }
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  if (prop.major != 9 || prop.minor != 0) {
-    std::printf("SKIP: device 0 (%s) is sm_%d%d, the grouped GEMM needs sm_90\n", prop.name,
-                prop.major, prop.minor);
-    return 77;
-  }
-  std::printf("device 0: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  if (!sm90_device_or_skip(prop, "the grouped GEMM")) return 77;
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   try {

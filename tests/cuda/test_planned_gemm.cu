@@ -27,6 +27,7 @@
 #include "exec/cuda/grouped_gemm.hpp"
 #include "exec/cuda/planned_gemm.hpp"
 #include "tilemoe/error.hpp"
+#include "sm90_device.hpp"
 
 using namespace tilemoe::cuda;
 
@@ -509,18 +510,8 @@ void test_bad_input(cudaStream_t s) {
 int main(int argc, char** argv) {
   // --small: two small problems and the consumer test only, for compute-sanitizer
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device\n");
-    return 77;
-  }
   cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, 0));
-  if (prop.major != 9 || prop.minor != 0) {
-    std::printf("SKIP: device 0 (%s) is sm_%d%d, the planned GEMM needs sm_90\n", prop.name, prop.major, prop.minor);
-    return 77;
-  }
-  std::printf("device 0: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+  if (!sm90_device_or_skip(prop, "the planned GEMM")) return 77;
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   try {
