@@ -102,10 +102,10 @@ __device__ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
   return x ^ (x >> 31);
 }
 
-__global__ void random_bf16_kernel(__nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale) {
+__global__ void random_bf16_kernel(__nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale, std::uint64_t first_index) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
-    const float unit = static_cast<float>(mix(seed * 0x632be59bd9b4e019ull + i) >> 40) * (1.0f / 16777216.0f);
+    const float unit = static_cast<float>(mix(seed * 0x632be59bd9b4e019ull + first_index + i) >> 40) * (1.0f / 16777216.0f);
     p[i] = __float2bfloat16_rn((2.0f * unit - 1.0f) * scale);
   }
 }
@@ -199,9 +199,10 @@ int bits_for(int experts) {
 
 }  // namespace
 
-void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale) {
+void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale,
+                        std::uint64_t first_index) {
   if (n == 0) return;
-  random_bf16_kernel<<<132 * 8, 256, 0, stream>>>(p, n, seed, scale);
+  random_bf16_kernel<<<132 * 8, 256, 0, stream>>>(p, n, seed, scale, first_index);
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,8 +9,10 @@
 
 namespace tilemoe::cuda {
 
-// p[0 .. n) = uniform(-scale, scale) rounded to bf16, from a counter-based hash of (seed, i).
-void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale);
+// p[i] = uniform(-scale, scale) rounded to bf16, from a counter-based hash of (seed, first_index + i),
+// i in [0, n): a slice of a larger drawn array gets the same values as the whole one.
+void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale,
+                        std::uint64_t first_index = 0);
 
 // p[0 .. n) = value.
 void launch_fill(cudaStream_t stream, int* p, int n, int value);

@@ -1,0 +1,94 @@
+#pragma once
+// One rank's MoE layer with expert parallelism over a world of GPUs (real ranks through NCCL,
+// or virtual ranks on one GPU): router, layout, permute, dispatch to the experts' owners, the
+// local experts' FFN, the outputs back to their sources, combine. This is the sequential
+// expert-parallel baseline: each stage waits for the one before it.
+//
+// Two dispatch paths, bitwise identical results:
+//  Device: tilemoe's device-API exchange kernels (src/exec/cuda/ep_exchange.hpp): counts stay
+//          on the device, rows are stored straight into the owner's memory at their final
+//          place, no host synchronisation; a forward can be captured in a CUDA graph.
+//  Host:   the Megatron "alltoall" way: the counts are gathered and brought to the host (a
+//          stream synchronisation per step), then host-API all-to-alls of known sizes and a
+//          reorder of the received blocks on the device.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tilemoe/config.hpp"
+#include "tilemoe/cuda/moe_layer.hpp"
+#include "tilemoe/cuda/rank_transport.hpp"
+#include "tilemoe/routing.hpp"
+#include "tilemoe/weights.hpp"
+
+namespace tilemoe::cuda {
+
+enum class DispatchPath { Device, Host };
+const char* dispatch_path_name(DispatchPath path);
+
+// Events between the stages of an expert-parallel forward (per-stage timing).
+enum EpStage {
+  kEpRouter, kEpLayout, kEpPermute, kEpDispatch, kEpGemm0, kEpActivation, kEpGemm1, kEpCombineSend, kEpCombine,
+  kEpStageCount
+};
+const char* ep_stage_name(int stage);
+struct EpStageEvents {
+  cudaEvent_t boundary[kEpStageCount + 1];
+};
+
+struct EpMoeLayerOptions {
+  GemmPath gemm = GemmPath::Planned;
+  DispatchPath dispatch = DispatchPath::Device;
+  // CTAs of the exchange kernels per destination rank; 0 picks as many as fit on the GPU
+  // together with the exchange kernels of the other ranks sharing it (they wait for each
+  // other, so all of them must be resident at once). Values that do not fit are bad input.
+  int exchange_ctas_per_peer = 0;
+  // Fault injection for tests: this rank's exchange kernels send nothing (no counts, no rows),
+  // as a stalled or dead peer would; the other ranks must fail with a timeout naming it.
+  bool silent = false;
+};
+
+class EpMoeLayer {
+ public:
+  // Bytes of the symmetric region each rank needs for `layer` (layer.tokens = the most tokens
+  // a rank forwards per step) in a world of `world` ranks.
+  static std::size_t region_bytes(const MoeConfig& layer, int world);
+
+  // Construct on every rank of the world at about the same time (each rank in its own thread
+  // or process): the constructor ends with a host barrier of the world. No forward of another
+  // layer may be in flight on the same world. `weights` holds all experts (each rank uploads
+  // its own); RandomDeviceWeights draws the same layer as the one-GPU MoeLayer with that seed.
+  EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, RankTransport& transport, EpMoeLayerOptions options = {});
+  EpMoeLayer(const MoeConfig& layer, RandomDeviceWeights weights, RankTransport& transport, EpMoeLayerOptions options = {});
+  ~EpMoeLayer();
+  EpMoeLayer(const EpMoeLayer&) = delete;
+  EpMoeLayer& operator=(const EpMoeLayer&) = delete;
+
+  // One step; every rank of the world must call it, each with its own tokens (0..layer.tokens).
+  // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32, output [tokens, hidden]
+  // bf16, device pointers 16-byte aligned. With ranks sharing a GPU the stream must be
+  // non-blocking (cudaStreamNonBlocking): the legacy stream would serialise kernels that wait
+  // for each other. After a failed step (see check) the layer refuses further forwards.
+  void forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits, __nv_bfloat16* output,
+               std::int64_t tokens, const EpStageEvents* events = nullptr);
+
+  // Waits for the stream, then throws what the step found: a NaN/Inf router logit (bad
+  // input), a device wait that timed out (a Timeout error naming the rank that stalled).
+  void check(cudaStream_t stream);
+
+  // The routing of this rank's tokens in the last forward (waits for the stream).
+  Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;
+
+  const MoeConfig& config() const;
+  int exchange_ctas_per_peer() const;
+  std::string description() const;  // "device dispatch, 4 CTAs per peer, planned c1x2"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tilemoe::cuda

@@ -1,0 +1,50 @@
+#pragma once
+// One rank's handle on an expert-parallel world of GPUs: its symmetric region (what the
+// device-API exchange kernels address), the host-API collectives (the baseline path that
+// synchronises with the host on counts), and the failure records of the device waits.
+// Implementations: VirtualWorld (N ranks on one GPU, include/tilemoe/cuda/virtual_world.hpp)
+// and NcclWorld (one process per GPU through NCCL, include/tilemoe/cuda/nccl_world.hpp).
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace tilemoe::cuda {
+
+struct DeviceTransport;  // the kernels' view (src/comm/cuda/device_transport.hpp)
+
+// The host-API path: collectives enqueued on the caller's stream whose sizes the host knows.
+class HostExchange {
+ public:
+  virtual ~HostExchange() = default;
+  // gathered[q * count + i] = rank q's values[i]; device buffers.
+  virtual void all_gather(cudaStream_t stream, const int* values, int count, int* gathered) = 0;
+  // For every peer p: send_bytes[p] bytes at send + send_offset[p] go to p, which stores them at
+  // its recv + its recv_offset[me] (recv_bytes[q] from each q). Device buffers; sizes must match
+  // pairwise (the caller derives both sides from the same gathered counts).
+  virtual void all_to_all(cudaStream_t stream, const void* send, const std::vector<std::size_t>& send_offset,
+                          const std::vector<std::size_t>& send_bytes, void* recv, const std::vector<std::size_t>& recv_offset,
+                          const std::vector<std::size_t>& recv_bytes) = 0;
+};
+
+class RankTransport {
+ public:
+  virtual ~RankTransport() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual int device() const = 0;
+  virtual std::size_t region_bytes() const = 0;
+  // How many ranks of this world share this rank's GPU: the exchange kernels of all of them
+  // must fit on it at once (they wait for each other).
+  virtual int ranks_per_device() const = 0;
+  virtual const DeviceTransport& device_view() const = 0;
+  virtual HostExchange& host_exchange() = 0;
+  // All ranks meet on the host; bounded by the world's timeout (a Timeout error names who is
+  // missing where the implementation can tell).
+  virtual void host_barrier() = 0;
+  // Throws what the device waits of this world recorded (the timed-out waits name the rank
+  // that stalled); does nothing if all are clear. Call after the rank's stream is synchronised.
+  virtual void throw_if_failed() const = 0;
+};
+
+}  // namespace tilemoe::cuda

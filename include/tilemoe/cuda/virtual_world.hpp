@@ -1,0 +1,37 @@
+#pragma once
+// Virtual ranks: an expert-parallel world of N ranks inside one process on one GPU, so every
+// multi-rank protocol runs (and is tested) on a single GPU with the same kernels as on real
+// ranks. A rank's symmetric region is a sibling slice of one allocation; each rank is driven by
+// its own host thread and streams, exactly like a process per GPU. Optionally the ranks'
+// communication kernels pace themselves to a per-rank link bandwidth, to approach the
+// compute/communication balance of a real N-GPU node.
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "tilemoe/cuda/rank_transport.hpp"
+
+namespace tilemoe::cuda {
+
+struct VirtualWorldOptions {
+  std::chrono::milliseconds timeout{10000};  // bound of every device and host wait
+  double link_gbps = 0.0;                    // per-rank outgoing bandwidth, GB/s; 0 = unpaced
+};
+
+class VirtualWorld {
+ public:
+  // `region_bytes` per rank (EpMoeLayer::region_bytes says how much a layer needs); zeroed.
+  VirtualWorld(int ranks, std::size_t region_bytes, int device = 0, VirtualWorldOptions options = {});
+  ~VirtualWorld();
+  VirtualWorld(const VirtualWorld&) = delete;
+  VirtualWorld& operator=(const VirtualWorld&) = delete;
+
+  int size() const;
+  RankTransport& rank(int r);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tilemoe::cuda

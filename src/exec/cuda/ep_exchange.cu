@@ -1,0 +1,308 @@
+#include "ep_exchange.hpp"
+
+#include <algorithm>
+
+#include "comm/cuda/device_sync.cuh"
+#include "cuda_check.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::cuda {
+
+namespace {
+
+constexpr int kMaxExchangeExperts = 1024;
+constexpr int kWarps = kEpExchangeThreads / 32;
+
+std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
+
+// The last index i in [lo, hi) with offsets[i] <= value (offsets ascending).
+__device__ inline int segment_of(const int* offsets, int lo, int hi, int value) {
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (offsets[mid] <= value) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// One warp copies a row of `bytes` (a multiple of 16) with 16-byte loads and stores.
+__device__ inline void copy_row(std::byte* dst, const std::byte* src, int bytes, int lane) {
+  const auto* s = reinterpret_cast<const uint4*>(src);
+  auto* d = reinterpret_cast<uint4*>(dst);
+  for (int v = lane; v < bytes / 16; v += 32) d[v] = s[v];
+}
+
+// The destination of CTA group g: the next ranks first and this rank last, so that at any
+// moment the groups write to different peers (all links busy) and the local copy overlaps.
+__device__ inline int destination_of_group(int group, int rank, int world) { return (rank + 1 + group) % world; }
+
+__global__ void begin_step_kernel(std::uint64_t* epoch) { *epoch += 1; }
+
+// Dynamic shared memory: counts [world][experts], then row_offset [experts + 1], the dest
+// base [experts] and a scratch [experts].
+__global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTransport t, EpExchangeArgs a) {
+  extern __shared__ int shared[];
+  const int N = t.world, E = a.experts, L = a.local_experts, me = t.rank, tid = threadIdx.x;
+  int* s_counts = shared;
+  int* s_row_offset = s_counts + N * E;
+  int* s_dest_base = s_row_offset + E + 1;
+  int* s_scratch = s_dest_base + E;
+  __shared__ int s_ok;
+  const std::uint64_t epoch = *a.tables.epoch;
+  for (int i = tid; i <= E; i += blockDim.x) s_row_offset[i] = a.row_offset[i];
+  if (tid == 0) s_ok = 1;
+  __syncthreads();
+
+  // 1. my counts into every peer's inbox, then the flag that publishes them
+  if (blockIdx.x == 0 && !a.silent) {
+    for (int i = tid; i < N * E; i += blockDim.x) {
+      const int p = i / E, x = i % E;
+      region_at<int>(t, p, a.layout.counts_inbox)[me * E + x] = s_row_offset[x + 1] - s_row_offset[x];
+    }
+    __syncthreads();
+    if (tid < N) store_release(region_at<std::uint64_t>(t, tid, a.layout.counts_flag) + me, epoch);
+  }
+  // 2. everybody's counts (which also says every peer is done with step epoch - 1)
+  if (tid < N && !wait_at_least(t, region_at<std::uint64_t>(t, me, a.layout.counts_flag) + tid, epoch, tid,
+                                comm::WaitSubject::DispatchCounts, epoch)) {
+    s_ok = 0;
+  }
+  __syncthreads();
+  if (!s_ok) {
+    // the step is failing: leave tables of zero rows, so that the kernels after this one in
+    // stream order (GEMMs, combine send) touch no memory outside their buffers
+    if (blockIdx.x == 0) {
+      for (int i = tid; i <= L; i += blockDim.x) a.tables.local_row_offset[i] = 0;
+      for (int i = tid; i <= L * N; i += blockDim.x) a.tables.block_offset[i] = 0;
+      for (int i = tid; i < L * N; i += blockDim.x) a.tables.return_offset[i] = 0;
+    }
+    return;
+  }
+  const int* inbox = region_at<int>(t, me, a.layout.counts_inbox);
+  for (int i = tid; i < N * E; i += blockDim.x) s_counts[i] = inbox[i];
+  __syncthreads();
+
+  // 3. where my rows go: the owner of expert x keeps (expert, source) blocks in that order,
+  //    so my rows of x start after all rows of the owner's earlier experts and after the
+  //    rows of x from lower ranks
+  for (int x = tid; x < E; x += blockDim.x) {
+    int total = 0, before = 0;
+    for (int q = 0; q < N; ++q) {
+      const int c = s_counts[q * E + x];
+      total += c;
+      if (q < me) before += c;
+    }
+    s_dest_base[x] = total;
+    s_scratch[x] = before;
+  }
+  __syncthreads();
+  if (blockIdx.x == 0) {  // my receive tables, from the column totals of my experts
+    if (tid == 0) {
+      int running = 0;
+      for (int le = 0; le < L; ++le) {
+        a.tables.local_row_offset[le] = running;
+        running += s_dest_base[me * L + le];
+      }
+      a.tables.local_row_offset[L] = running;
+      a.tables.block_offset[L * N] = running;
+    }
+    __syncthreads();
+    for (int le = tid; le < L; le += blockDim.x) {
+      int running = a.tables.local_row_offset[le];
+      for (int q = 0; q < N; ++q) {
+        a.tables.block_offset[le * N + q] = running;
+        running += s_counts[q * E + me * L + le];
+      }
+    }
+    for (int q = tid; q < N; q += blockDim.x) {  // rank q's permuted order: its experts ascending
+      int running = 0;
+      for (int x = 0; x < E; ++x) {
+        if (x >= me * L && x < (me + 1) * L) a.tables.return_offset[(x - me * L) * N + q] = running;
+        running += s_counts[q * E + x];
+      }
+    }
+  }
+  __syncthreads();
+  for (int p = tid; p < N; p += blockDim.x) {
+    int running = 0;
+    for (int x = p * L; x < (p + 1) * L; ++x) {
+      const int total = s_dest_base[x];
+      s_dest_base[x] = running + s_scratch[x];
+      running += total;
+    }
+  }
+  __syncthreads();
+
+  // 4. my rows for this CTA's destination, straight to their final rows there
+  const int group = blockIdx.x / a.ctas_per_peer, member = blockIdx.x % a.ctas_per_peer;
+  const int p = destination_of_group(group, me, N);
+  const int row_bytes = a.hidden * 2;
+  if (!a.silent) {
+    const int lane = tid % 32, warp = member * kWarps + tid / 32, warps = a.ctas_per_peer * kWarps;
+    const int first = s_row_offset[p * L], last = s_row_offset[(p + 1) * L];
+    std::byte* dst_rows = region_at<std::byte>(t, p, a.layout.dispatch_rows);
+    const bool paced = p != me && t.link_bytes_per_ns > 0.0;
+    const std::uint64_t start = paced ? global_timer_ns() : 0;
+    double sent = 0;
+    for (int i = first + warp; i < last; i += warps) {
+      const int x = segment_of(s_row_offset, p * L, (p + 1) * L, i);
+      const int dest = s_dest_base[x] + (i - s_row_offset[x]);
+      copy_row(dst_rows + static_cast<std::size_t>(dest) * row_bytes, a.send_rows + static_cast<std::size_t>(i) * row_bytes,
+               row_bytes, lane);
+      if (paced) {
+        sent += row_bytes;
+        if (lane == 0) pace_link(t, start, sent, 1.0 / ((N - 1) * warps));
+        __syncwarp();
+      }
+    }
+    __syncthreads();  // every row of this CTA is stored before the release below
+    if (tid == 0) add_release(region_at<std::uint64_t>(t, p, a.layout.dispatch_arrivals) + me, 1);
+  }
+
+  // 5. the kernel ends when every source's rows are here: the expert GEMM follows in stream order
+  if (blockIdx.x == 0) {
+    if (tid < N && !wait_at_least(t, region_at<std::uint64_t>(t, me, a.layout.dispatch_arrivals) + tid,
+                                  epoch * a.ctas_per_peer, tid, comm::WaitSubject::DispatchRows, epoch)) {
+      s_ok = 0;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kEpExchangeThreads) combine_send_kernel(DeviceTransport t, EpExchangeArgs a) {
+  __shared__ int s_prefix[kMaxExchangeExperts + 1];
+  const int N = t.world, L = a.local_experts, me = t.rank, tid = threadIdx.x;
+  const std::uint64_t epoch = *a.tables.epoch;
+  const int group = blockIdx.x / a.ctas_per_peer, member = blockIdx.x % a.ctas_per_peer;
+  const int q = destination_of_group(group, me, N);
+  const int* block = a.tables.block_offset;  // written by this step's dispatch, in stream order before us
+  if (tid == 0) {
+    int running = 0;
+    for (int le = 0; le < L; ++le) {
+      s_prefix[le] = running;
+      running += block[le * N + q + 1] - block[le * N + q];
+    }
+    s_prefix[L] = running;
+  }
+  __syncthreads();
+  const int row_bytes = a.hidden * 2;
+  // a failing step sends nothing more (its tables may be the zero ones of a failed dispatch)
+  if (!a.silent && !transport_failed(t)) {
+    const int lane = tid % 32, warp = member * kWarps + tid / 32, warps = a.ctas_per_peer * kWarps;
+    std::byte* dst_rows = region_at<std::byte>(t, q, a.layout.returned_rows);
+    const bool paced = q != me && t.link_bytes_per_ns > 0.0;
+    const std::uint64_t start = paced ? global_timer_ns() : 0;
+    double sent = 0;
+    for (int j = warp; j < s_prefix[L]; j += warps) {
+      const int le = segment_of(s_prefix, 0, L, j);
+      const int within = j - s_prefix[le];
+      const int src = block[le * N + q] + within;
+      const int dest = a.tables.return_offset[le * N + q] + within;
+      copy_row(dst_rows + static_cast<std::size_t>(dest) * row_bytes, a.expert_out + static_cast<std::size_t>(src) * row_bytes,
+               row_bytes, lane);
+      if (paced) {
+        sent += row_bytes;
+        if (lane == 0) pace_link(t, start, sent, 1.0 / ((N - 1) * warps));
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+    if (tid == 0) add_release(region_at<std::uint64_t>(t, q, a.layout.combine_arrivals) + me, 1);
+  }
+  if (blockIdx.x == 0 && tid < N) {
+    wait_at_least(t, region_at<std::uint64_t>(t, me, a.layout.combine_arrivals) + tid, epoch * a.ctas_per_peer, tid,
+                  comm::WaitSubject::CombineRows, epoch);
+  }
+}
+
+__global__ void __launch_bounds__(256) copy_row_blocks_kernel(const std::byte* src, std::byte* dst, int row_bytes,
+                                                              const int* tables, int blocks) {
+  const int b = blockIdx.x, lane = threadIdx.x % 32;
+  const int src_start = tables[b], dst_start = tables[blocks + b], rows = tables[2 * blocks + b];
+  const int warps = blockDim.x / 32;
+  for (int i = blockIdx.y * warps + threadIdx.x / 32; i < rows; i += gridDim.y * warps) {
+    copy_row(dst + static_cast<std::size_t>(dst_start + i) * row_bytes, src + static_cast<std::size_t>(src_start + i) * row_bytes,
+             row_bytes, lane);
+  }
+}
+
+std::size_t dispatch_shared_bytes(int world, int experts) {
+  return static_cast<std::size_t>(world * experts + 3 * experts + 1) * sizeof(int);
+}
+
+void check_args(const DeviceTransport& t, const EpExchangeArgs& a) {
+  if (t.world < 1 || t.world > kMaxRanks || t.rank < 0 || t.rank >= t.world) throw_internal("exchange: bad transport ranks");
+  if (a.experts < 1 || a.experts > kMaxExchangeExperts || a.local_experts * t.world != a.experts) {
+    throw_internal("exchange: bad expert counts");
+  }
+  if (a.hidden % 8 != 0 || a.ctas_per_peer < 1) throw_internal("exchange: bad hidden or CTA count");
+}
+
+}  // namespace
+
+EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
+                                std::int64_t top_k) {
+  if (world < 1 || world > kMaxRanks) {
+    throw_bad_input("a load/store world has 1 to " + std::to_string(kMaxRanks) + " ranks, not " + std::to_string(world));
+  }
+  if (experts % world != 0) throw_bad_input("the experts do not divide evenly over the ranks");
+  EpRegionLayout l;
+  std::size_t at = kTransportHeaderBytes;
+  l.counts_inbox = at;
+  at = align_up(at + static_cast<std::size_t>(world * experts) * 4, 128);
+  l.counts_flag = at;
+  at = align_up(at + static_cast<std::size_t>(world) * 8, 128);
+  l.dispatch_arrivals = at;
+  at = align_up(at + static_cast<std::size_t>(world) * 8, 128);
+  l.combine_arrivals = at;
+  at = align_up(at + static_cast<std::size_t>(world) * 8, 4096);
+  l.receive_capacity = world * max_tokens * std::min<std::int64_t>(top_k, experts / world);
+  l.dispatch_rows = at;
+  at = align_up(at + static_cast<std::size_t>(l.receive_capacity * hidden) * 2, 4096);
+  l.returned_rows = at;
+  at = align_up(at + static_cast<std::size_t>(max_tokens * top_k * hidden) * 2, 4096);
+  l.bytes = at;
+  return l;
+}
+
+void launch_ep_begin_step(cudaStream_t stream, std::uint64_t* epoch) {
+  begin_step_kernel<<<1, 1, 0, stream>>>(epoch);
+  TILEMOE_CUDA_CHECK_LAUNCH("ep begin step");
+}
+
+void launch_ep_dispatch(cudaStream_t stream, const DeviceTransport& t, const EpExchangeArgs& a) {
+  check_args(t, a);
+  const std::size_t smem = dispatch_shared_bytes(t.world, a.experts);
+  if (smem > 48 * 1024) {
+    TILEMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  dispatch_kernel<<<t.world * a.ctas_per_peer, kEpExchangeThreads, smem, stream>>>(t, a);
+  TILEMOE_CUDA_CHECK_LAUNCH("ep dispatch");
+}
+
+void launch_ep_combine_send(cudaStream_t stream, const DeviceTransport& t, const EpExchangeArgs& a) {
+  check_args(t, a);
+  combine_send_kernel<<<t.world * a.ctas_per_peer, kEpExchangeThreads, 0, stream>>>(t, a);
+  TILEMOE_CUDA_CHECK_LAUNCH("ep combine send");
+}
+
+void launch_copy_row_blocks(cudaStream_t stream, const std::byte* src, std::byte* dst, int row_bytes, const int* tables,
+                            int blocks) {
+  if (blocks <= 0) return;
+  if (row_bytes % 16 != 0) throw_internal("row block copy: rows must be a multiple of 16 bytes");
+  // enough CTAs to fill the GPU when there are few blocks; a block's rows are split over them
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(std::max(1, std::min(32, 2048 / blocks))));
+  copy_row_blocks_kernel<<<grid, 256, 0, stream>>>(src, dst, row_bytes, tables, blocks);
+  TILEMOE_CUDA_CHECK_LAUNCH("ep row block copy");
+}
+
+int ep_exchange_ctas_per_sm(int world, int experts) {
+  int dispatch = 0, combine = 0;
+  const std::size_t smem = dispatch_shared_bytes(world, experts);
+  if (smem > 48 * 1024) {
+    TILEMOE_CUDA_CHECK(cudaFuncSetAttribute(dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  TILEMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&dispatch, dispatch_kernel, kEpExchangeThreads, smem));
+  TILEMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&combine, combine_send_kernel, kEpExchangeThreads, 0));
+  return std::min(dispatch, combine);
+}
+
+}  // namespace tilemoe::cuda

@@ -1,0 +1,406 @@
+#include "tilemoe/cuda/ep_moe_layer.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+#include "comm/cuda/device_transport.hpp"
+#include "cuda_check.hpp"
+#include "device_array.hpp"
+#include "ep_exchange.hpp"
+#include "expert_ffn.hpp"
+#include "moe_kernels.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::cuda {
+
+namespace {
+
+constexpr int kMaxAutoCtasPerPeer = 8;
+
+// Host memory the device copies to and from asynchronously; freed with the layer.
+template <typename T>
+class PinnedArray {
+ public:
+  explicit PinnedArray(std::size_t count) : count_(count) {
+    TILEMOE_CUDA_CHECK(cudaMallocHost(&data_, std::max<std::size_t>(count, 1) * sizeof(T)));
+  }
+  ~PinnedArray() { cudaFreeHost(data_); }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+  T* data() const { return data_; }
+  T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+}  // namespace
+
+const char* dispatch_path_name(DispatchPath path) { return path == DispatchPath::Device ? "device" : "host"; }
+
+const char* ep_stage_name(int stage) {
+  static const char* names[] = {"router", "layout", "permute", "dispatch", "gemm0", "activation", "gemm1", "combine send", "combine"};
+  return stage >= 0 && stage < kEpStageCount ? names[stage] : "?";
+}
+
+struct EpMoeLayer::Impl {
+  MoeConfig config;
+  RankTransport* transport = nullptr;
+  EpMoeLayerOptions options;
+  int world = 1, rank = 0, local_experts = 0, device = 0, ctas_per_peer = 1;
+  EpRegionLayout layout;
+  cudaStream_t own = nullptr;  // non-blocking: set-up and read-backs that must not wait for the peers' kernels
+  bool failed = false;
+
+  // routing and this rank's permuted rows
+  DeviceArray<std::int32_t> expert, sorted_expert;
+  DeviceArray<float> weight;
+  DeviceArray<int> row_offset, slot_of_row, row_of_slot, error_token;
+  DeviceArray<char> layout_temp;
+  std::size_t layout_temp_bytes = 0;
+  DeviceArray<__nv_bfloat16> send_rows, y;
+  // the receive side's tables, written by the dispatch kernel (device path) or uploaded (host path)
+  DeviceArray<std::uint64_t> epoch;
+  DeviceArray<int> local_row_offset, block_offset, return_offset;
+  // host path
+  DeviceArray<int> gathered;          // [world][experts + 1]: every rank's row_offset
+  DeviceArray<int> block_tables;      // [2 directions][3][blocks]
+  DeviceArray<__nv_bfloat16> staging;  // rows in source-major order, as the all-to-alls move them
+  std::unique_ptr<PinnedArray<int>> host_gathered, host_tables;
+  std::unique_ptr<ExpertFfn> ffn;
+
+  void init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o);
+  void finish_init();
+  std::byte* region(std::size_t offset) const { return transport->device_view().region[rank] + offset; }
+  EpExchangeArgs exchange_args() const;
+  void host_dispatch(cudaStream_t stream, int tokens);
+  void host_combine_send(cudaStream_t stream);
+  std::vector<std::size_t> send_offset, send_bytes, recv_offset, recv_bytes;  // host path, this step
+
+  ~Impl() {
+    if (own) cudaStreamDestroy(own);
+  }
+};
+
+std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world) {
+  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k).bytes;
+}
+
+void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o) {
+  validate(c);
+  if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
+  if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
+  if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
+  config = c;
+  transport = &t;
+  options = o;
+  world = t.world_size();
+  rank = t.rank();
+  device = t.device();
+  if (c.num_experts % world != 0) {
+    throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
+  }
+  local_experts = static_cast<int>(c.num_experts / world);
+  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k);
+  if (t.region_bytes() < layout.bytes) {
+    throw_bad_input("the world's symmetric regions hold " + std::to_string(t.region_bytes()) + " bytes; this layer needs " +
+                    std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes)");
+  }
+  if (layout.receive_capacity > INT_MAX / 2 || c.tokens * c.top_k > INT_MAX / 2) {
+    throw_bad_input("too many rows per rank for the exchange: " + std::to_string(layout.receive_capacity));
+  }
+  TILEMOE_CUDA_CHECK(cudaSetDevice(device));
+
+  // the exchange kernels of every rank on this GPU must be resident together
+  int sms = 0;
+  TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int resident = ep_exchange_ctas_per_sm(world, static_cast<int>(c.num_experts)) * sms;
+  const int sharing = t.ranks_per_device();
+  const int fit = resident / (sharing * world);
+  if (o.exchange_ctas_per_peer < 0) throw_bad_input("exchange CTAs per peer must be positive (0 = auto)");
+  if (o.exchange_ctas_per_peer > 0) {
+    if (o.exchange_ctas_per_peer > fit) {
+      throw_bad_input(std::to_string(o.exchange_ctas_per_peer) + " exchange CTAs per peer do not fit: " + std::to_string(sharing) +
+                      " rank(s) on this GPU x " + std::to_string(world) + " peers must be resident at once, at most " +
+                      std::to_string(fit) + " each");
+    }
+    ctas_per_peer = o.exchange_ctas_per_peer;
+  } else {
+    // half the GPU at most, so that the waiting kernels never crowd out the ones they wait for
+    ctas_per_peer = std::max(1, std::min(kMaxAutoCtasPerPeer, fit / 2));
+  }
+  if (fit < 1) throw_bad_input("the exchange kernels of " + std::to_string(sharing) + " x " + std::to_string(world) + " ranks do not fit on one GPU");
+
+  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  const std::int64_t E = c.num_experts, H = c.hidden;
+  const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
+  const std::size_t slot_room = std::max<std::size_t>(slots, 1);
+  expert = DeviceArray<std::int32_t>(slot_room);
+  sorted_expert = DeviceArray<std::int32_t>(slot_room);
+  weight = DeviceArray<float>(slot_room);
+  row_offset = DeviceArray<int>(static_cast<std::size_t>(E + 1));
+  slot_of_row = DeviceArray<int>(slot_room);
+  row_of_slot = DeviceArray<int>(slot_room);
+  error_token = DeviceArray<int>(1);
+  layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(E));
+  layout_temp = DeviceArray<char>(layout_temp_bytes);
+  send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
+  const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
+  y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
+  epoch = DeviceArray<std::uint64_t>(1);
+  local_row_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts + 1));
+  block_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts * world + 1));
+  return_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts * world));
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(epoch.data(), 0, sizeof(std::uint64_t), own));
+  // zero rows until the first dispatch writes real tables
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(local_row_offset.data(), 0, local_row_offset.count() * sizeof(int), own));
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(block_offset.data(), 0, block_offset.count() * sizeof(int), own));
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(return_offset.data(), 0, return_offset.count() * sizeof(int), own));
+  if (o.dispatch == DispatchPath::Host) {
+    gathered = DeviceArray<int>(static_cast<std::size_t>(world * (E + 1)));
+    block_tables = DeviceArray<int>(static_cast<std::size_t>(2 * 3 * E));
+    staging = DeviceArray<__nv_bfloat16>(std::max(receive_room, slot_room) * static_cast<std::size_t>(H));
+    host_gathered = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(world * (E + 1)));
+    host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
+  }
+  const double rows_per_expert = static_cast<double>(world) * static_cast<double>(slots) / static_cast<double>(E);
+  ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
+                                    layout.receive_capacity, rows_per_expert, o.gemm, device);
+}
+
+// This rank's region starts from a clean slate (flags at 0, no failure), then the world meets:
+// nobody writes into a peer's region before that peer has cleared it.
+void EpMoeLayer::Impl::finish_init() {
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(region(0), 0, layout.dispatch_rows, own));
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(own));
+  transport->host_barrier();
+}
+
+EpMoeLayer::EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, RankTransport& transport, EpMoeLayerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  if (weights.hidden != layer.hidden || weights.ffn_hidden != layer.ffn_hidden || weights.num_experts != layer.num_experts ||
+      weights.activation != layer.activation) {
+    throw_bad_input("the expert weights do not match the layer config");
+  }
+  impl_->init(layer, transport, options);
+  impl_->ffn->upload(weights);
+  impl_->finish_init();
+}
+
+EpMoeLayer::EpMoeLayer(const MoeConfig& layer, RandomDeviceWeights weights, RankTransport& transport, EpMoeLayerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->init(layer, transport, options);
+  impl_->ffn->draw(weights.seed);
+  impl_->finish_init();
+}
+
+EpMoeLayer::~EpMoeLayer() = default;
+
+const MoeConfig& EpMoeLayer::config() const { return impl_->config; }
+int EpMoeLayer::exchange_ctas_per_peer() const { return impl_->ctas_per_peer; }
+
+std::string EpMoeLayer::description() const {
+  const Impl& m = *impl_;
+  std::string text = std::string(dispatch_path_name(m.options.dispatch)) + " dispatch";
+  if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
+  return text + ", " + m.ffn->description();
+}
+
+EpExchangeArgs EpMoeLayer::Impl::exchange_args() const {
+  EpExchangeArgs a;
+  a.layout = layout;
+  a.tables = {epoch.data(), local_row_offset.data(), block_offset.data(), return_offset.data()};
+  a.experts = static_cast<int>(config.num_experts);
+  a.local_experts = local_experts;
+  a.hidden = static_cast<int>(config.hidden);
+  a.ctas_per_peer = ctas_per_peer;
+  a.row_offset = row_offset.data();
+  a.send_rows = reinterpret_cast<const std::byte*>(send_rows.data());
+  a.expert_out = reinterpret_cast<const std::byte*>(y.data());
+  a.silent = options.silent;
+  return a;
+}
+
+// The host path's dispatch: every rank's counts to the host, then one all-to-all of known
+// sizes into source-major staging, then the (expert, source) blocks reordered into the same
+// rows the device path writes.
+void EpMoeLayer::Impl::host_dispatch(cudaStream_t stream, int /*tokens*/) {
+  const int N = world, E = static_cast<int>(config.num_experts), L = local_experts, me = rank;
+  const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * 2;
+  HostExchange& exchange = transport->host_exchange();
+  exchange.all_gather(stream, row_offset.data(), E + 1, gathered.data());
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(host_gathered->data(), gathered.data(), static_cast<std::size_t>(N * (E + 1)) * sizeof(int),
+                                     cudaMemcpyDeviceToHost, stream));
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host-sync on counts that defines this path
+  const PinnedArray<int>& g = *host_gathered;
+  auto offset_of = [&](int q, int x) { return g[static_cast<std::size_t>(q * (E + 1) + x)]; };
+  auto count_of = [&](int q, int x) { return offset_of(q, x + 1) - offset_of(q, x); };
+  send_offset.assign(static_cast<std::size_t>(N), 0);
+  send_bytes.assign(static_cast<std::size_t>(N), 0);
+  recv_offset.assign(static_cast<std::size_t>(N), 0);
+  recv_bytes.assign(static_cast<std::size_t>(N), 0);
+  std::size_t received = 0;
+  for (int p = 0; p < N; ++p) {
+    const auto pi = static_cast<std::size_t>(p);
+    send_offset[pi] = static_cast<std::size_t>(offset_of(me, p * L)) * row_bytes;
+    send_bytes[pi] = static_cast<std::size_t>(offset_of(me, (p + 1) * L) - offset_of(me, p * L)) * row_bytes;
+    const int rows = offset_of(p, (me + 1) * L) - offset_of(p, me * L);
+    recv_offset[pi] = received * row_bytes;
+    recv_bytes[pi] = static_cast<std::size_t>(rows) * row_bytes;
+    received += static_cast<std::size_t>(rows);
+  }
+  if (received > static_cast<std::size_t>(layout.receive_capacity)) {
+    throw_internal("host dispatch: " + std::to_string(received) + " rows for rank " + std::to_string(me) + ", capacity " +
+                   std::to_string(layout.receive_capacity));
+  }
+  // tables: [0] staging -> dispatch rows, [1] the way back; block b = le * N + q in both
+  int* t = host_tables->data();
+  const int blocks = L * N;
+  int* forward_src = t;
+  int* forward_dst = t + blocks;
+  int* rows = t + 2 * blocks;
+  int* local_offsets = t + 6 * blocks;
+  int dst = 0;
+  for (int le = 0; le < L; ++le) {
+    local_offsets[le] = dst;
+    for (int q = 0; q < N; ++q) {
+      const int b = le * N + q;
+      int src = static_cast<int>(recv_offset[static_cast<std::size_t>(q)] / row_bytes);
+      for (int l = 0; l < le; ++l) src += count_of(q, me * L + l);
+      forward_src[b] = src;
+      forward_dst[b] = dst;
+      rows[b] = count_of(q, me * L + le);
+      dst += rows[b];
+    }
+  }
+  local_offsets[L] = dst;
+  std::copy(forward_dst, forward_dst + blocks, t + 3 * blocks);  // back: dispatch rows -> staging
+  std::copy(forward_src, forward_src + blocks, t + 4 * blocks);
+  std::copy(rows, rows + blocks, t + 5 * blocks);
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(block_tables.data(), t, static_cast<std::size_t>(6 * blocks) * sizeof(int),
+                                     cudaMemcpyHostToDevice, stream));
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(local_row_offset.data(), local_offsets, static_cast<std::size_t>(L + 1) * sizeof(int),
+                                     cudaMemcpyHostToDevice, stream));
+  exchange.all_to_all(stream, send_rows.data(), send_offset, send_bytes, staging.data(), recv_offset, recv_bytes);
+  launch_copy_row_blocks(stream, reinterpret_cast<const std::byte*>(staging.data()), region(layout.dispatch_rows),
+                         static_cast<int>(row_bytes), block_tables.data(), blocks);
+}
+
+void EpMoeLayer::Impl::host_combine_send(cudaStream_t stream) {
+  const int blocks = local_experts * world;
+  launch_copy_row_blocks(stream, reinterpret_cast<const std::byte*>(y.data()), reinterpret_cast<std::byte*>(staging.data()),
+                         static_cast<int>(config.hidden) * 2, block_tables.data() + 3 * blocks, blocks);
+  // the way back: what came from q returns to q, at the place its own permuted order keeps it
+  transport->host_exchange().all_to_all(stream, staging.data(), recv_offset, recv_bytes, region(layout.returned_rows),
+                                        send_offset, send_bytes);
+}
+
+void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits, __nv_bfloat16* output,
+                         std::int64_t tokens, const EpStageEvents* events) {
+  Impl& m = *impl_;
+  const MoeConfig& c = m.config;
+  if (m.failed) throw_bad_input("rank " + std::to_string(m.rank) + ": a previous step of this layer failed; build a new world");
+  if (tokens < 0 || tokens > c.tokens) {
+    throw_bad_input("forward of " + std::to_string(tokens) + " tokens on a layer sized for " + std::to_string(c.tokens));
+  }
+  for (const void* p : {static_cast<const void*>(input), static_cast<const void*>(output)}) {
+    if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
+  }
+  TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
+  if (m.transport->ranks_per_device() > 1) {
+    unsigned flags = 0;
+    if (stream == nullptr || stream == cudaStreamPerThread || cudaStreamGetFlags(stream, &flags) != cudaSuccess ||
+        (flags & cudaStreamNonBlocking) == 0) {
+      throw_bad_input("ranks sharing a GPU need non-blocking streams (cudaStreamCreateWithFlags(..., cudaStreamNonBlocking))");
+    }
+  }
+  if (m.options.dispatch == DispatchPath::Host) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    TILEMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) {
+      throw_bad_input("the host dispatch path synchronises with the host and cannot be captured in a CUDA graph");
+    }
+  }
+  const int T = static_cast<int>(tokens), E = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
+  const int H = static_cast<int>(c.hidden), slots = T * k;
+  auto mark = [&](int stage) {
+    if (events) TILEMOE_CUDA_CHECK(cudaEventRecord(events->boundary[stage], stream));
+  };
+  try {
+    mark(kEpRouter);
+    launch_fill(stream, m.error_token.data(), 1, INT_MAX);
+    launch_router(stream, router_logits, T, E, k, c.renormalize, m.expert.data(), m.weight.data(), m.error_token.data());
+    mark(kEpLayout);
+    launch_layout(stream, m.expert.data(), slots, E, m.layout_temp.data(), m.layout_temp_bytes, m.sorted_expert.data(),
+                  m.row_offset.data(), m.slot_of_row.data(), m.row_of_slot.data());
+    mark(kEpPermute);
+    launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.send_rows.data());
+    mark(kEpDispatch);
+    const EpExchangeArgs args = m.exchange_args();
+    const DeviceTransport& view = m.transport->device_view();
+    if (m.options.dispatch == DispatchPath::Device) {
+      launch_ep_begin_step(stream, m.epoch.data());
+      launch_ep_dispatch(stream, view, args);
+    } else {
+      m.host_dispatch(stream, T);
+    }
+    m.ffn->build_tables(stream, m.local_row_offset.data());
+    const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
+    m.ffn->run(stream, m.local_row_offset.data(), rows, m.layout.receive_capacity, m.y.data(), [&](int stage) {
+      mark(stage == kGemm0 ? kEpGemm0 : stage == kActivation ? kEpActivation : kEpGemm1);
+    });
+    mark(kEpCombineSend);
+    if (m.options.dispatch == DispatchPath::Device) {
+      launch_ep_combine_send(stream, view, args);
+    } else {
+      m.host_combine_send(stream);
+    }
+    mark(kEpCombine);
+    launch_combine(stream, reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows)), m.weight.data(),
+                   m.row_of_slot.data(), T, k, H, output);
+    mark(kEpStageCount);
+  } catch (...) {
+    m.failed = true;
+    throw;
+  }
+}
+
+void EpMoeLayer::check(cudaStream_t stream) {
+  Impl& m = *impl_;
+  TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
+  try {
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    m.transport->throw_if_failed();
+  } catch (...) {
+    m.failed = true;
+    throw;
+  }
+  int bad = INT_MAX;
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&bad, m.error_token.data(), sizeof bad, cudaMemcpyDeviceToHost, m.own));
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(m.own));
+  if (bad != INT_MAX) {
+    throw_bad_input("rank " + std::to_string(m.rank) + ", token " + std::to_string(bad) +
+                    ": a router logit is NaN or infinite; the router produced invalid values");
+  }
+}
+
+Routing EpMoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
+  const Impl& m = *impl_;
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  Routing r;
+  r.tokens = tokens;
+  r.top_k = m.config.top_k;
+  r.expert.resize(static_cast<std::size_t>(tokens * r.top_k));
+  r.weight.resize(r.expert.size());
+  r.kept.assign(r.expert.size(), 1);
+  if (!r.expert.empty()) {
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(r.expert.data(), m.expert.data(), r.expert.size() * 4, cudaMemcpyDeviceToHost, m.own));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(r.weight.data(), m.weight.data(), r.weight.size() * 4, cudaMemcpyDeviceToHost, m.own));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(m.own));
+  }
+  return r;
+}
+
+}  // namespace tilemoe::cuda

@@ -1,0 +1,58 @@
+#pragma once
+// The expert feed-forward of one GPU's experts on rows already grouped by expert:
+// y = (act(rows W0^T)) W2^T per group, through the planned GEMM (activation fused into GEMM0)
+// or CUTLASS's stock grouped kernels plus a separate activation (the baseline). Shared by the
+// one-GPU layer and the expert-parallel layer, which differ only in where the rows come from.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "device_array.hpp"
+#include "tilemoe/config.hpp"
+#include "tilemoe/cuda/moe_layer.hpp"
+#include "tilemoe/weights.hpp"
+
+namespace tilemoe::cuda {
+
+class ExpertFfn {
+ public:
+  // `experts` experts of `layer`'s shape, the first being global expert `first_expert`, for at
+  // most `max_rows` rows per run. `rows_per_expert` is the expected load, which picks the
+  // GEMM cluster shape.
+  ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int64_t experts, std::int64_t max_rows,
+            double rows_per_expert, GemmPath path, int device);
+  ~ExpertFfn();
+  ExpertFfn(const ExpertFfn&) = delete;
+  ExpertFfn& operator=(const ExpertFfn&) = delete;
+
+  // Weights of global experts [first_expert, first_expert + experts) from the host, or drawn
+  // on the device from a counter hash of the global index, so that the experts of every rank
+  // of a world together equal one layer's drawn with the same seed.
+  void upload(const ExpertWeights& weights);
+  void draw(std::uint64_t seed);
+
+  // Enqueues, for the current row_offset (device, [experts + 1]): on the planned path the tile
+  // tables (call in the layout stage, as soon as row_offset is known), then the GEMMs.
+  void build_tables(cudaStream_t stream, const int* row_offset);
+  // rows [rows_bound][hidden] -> y [rows_bound][hidden], where rows_bound <= max_rows bounds
+  // row_offset[experts] (known on the host: tokens * top_k on one GPU, the receive capacity
+  // with expert parallelism). `mark(stage)` is called before GEMM0, the activation and GEMM1
+  // (for per-stage events). build_tables must have been enqueued.
+  void run(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
+           __nv_bfloat16* y, const std::function<void(int)>& mark = {});
+
+  const __nv_bfloat16* weights0() const { return w0_.data(); }  // [experts][gemm0_n][hidden]
+  const __nv_bfloat16* weights2() const { return w2_.data(); }  // [experts][hidden][ffn]
+  std::string description() const;  // "planned c1x2" / "stock coop128x256_c1x2"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  DeviceArray<__nv_bfloat16> w0_, w2_;
+};
+
+}  // namespace tilemoe::cuda

@@ -1,0 +1,300 @@
+// GPU test of the expert-parallel layer on virtual ranks (N ranks on one GPU, a host thread
+// and a non-blocking stream each, exactly as processes would drive real GPUs): against the
+// CPU executor and an fp64 reference on fresh random data, outputs poisoned before every run;
+// the device and host dispatch paths bit for bit; run after run and a CUDA-graph replay bit
+// for bit; a rank that never sends makes every rank fail with a timeout naming it. A plain
+// program (CI has no GPU); scripts/device/run.sh runs it. Exit code 0 only if all passed.
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exec/cuda/cuda_check.hpp"
+#include "sm90_device.hpp"
+#include "tilemoe/cpu_executor.hpp"
+#include "tilemoe/cuda/ep_moe_layer.hpp"
+#include "tilemoe/cuda/virtual_world.hpp"
+#include "tilemoe/error.hpp"
+#include "tilemoe/reference.hpp"
+#include "tilemoe/synthetic.hpp"
+
+using namespace tilemoe;
+using namespace std::chrono_literals;
+
+namespace {
+
+int failures = 0;
+std::mutex print_mutex;
+
+void expect(bool ok, const std::string& what) {
+  std::lock_guard lock(print_mutex);
+  std::printf("  [%s] %s\n", ok ? "ok" : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+struct Case {
+  std::string name;
+  int ranks;
+  std::int64_t tokens, hidden, ffn, experts, top_k;  // tokens: the most per rank; ranks get fewer
+  RoutingPattern pattern = RoutingPattern::Balanced;
+  bool renormalize = false;
+  bool zero_token_rank = false;  // the last rank forwards no tokens
+};
+
+// One rank's device buffers, allocated before and freed after the world's forwards (cudaFree
+// synchronises the whole device, which would wait for the peers' waiting kernels).
+struct RankBuffers {
+  __nv_bfloat16* input = nullptr;
+  float* logits = nullptr;
+  __nv_bfloat16* output = nullptr;
+  std::size_t out_bytes = 0;
+  cudaStream_t stream = nullptr;
+
+  RankBuffers(const Matrix& x, const std::vector<float>& l, std::int64_t tokens, std::int64_t hidden) {
+    out_bytes = static_cast<std::size_t>(tokens * hidden) * 2;
+    TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    TILEMOE_CUDA_CHECK(cudaMalloc(&input, std::max<std::size_t>(x.data.size(), 16)));
+    TILEMOE_CUDA_CHECK(cudaMalloc(&logits, std::max<std::size_t>(l.size() * 4, 16)));
+    TILEMOE_CUDA_CHECK(cudaMalloc(&output, std::max<std::size_t>(out_bytes, 16)));
+    if (!x.data.empty()) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(input, x.data.data(), x.data.size(), cudaMemcpyHostToDevice, stream));
+    if (!l.empty()) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(logits, l.data(), l.size() * 4, cudaMemcpyHostToDevice, stream));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  ~RankBuffers() {
+    cudaFree(input);
+    cudaFree(logits);
+    cudaFree(output);
+    cudaStreamDestroy(stream);
+  }
+  void poison() { TILEMOE_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_bytes, stream)); }  // NaN
+  Matrix read(std::int64_t tokens, std::int64_t hidden) {
+    Matrix out(DType::BF16, tokens, hidden);
+    if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(out.data.data(), output, out_bytes, cudaMemcpyDeviceToHost, stream));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return out;
+  }
+};
+
+// Runs `body(rank)` on one thread per rank; an exception on a rank is a failure named by it.
+void on_every_rank(int ranks, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        TILEMOE_CUDA_CHECK(cudaSetDevice(0));
+        body(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    if (!errors[static_cast<std::size_t>(r)].empty()) expect(false, "rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
+  }
+}
+
+void run_case(const Case& c, std::uint64_t seed) {
+  std::printf("%s: %d virtual ranks, up to %lld tokens each, hidden %lld, ffn %lld, E %lld, top-%lld, %s routing\n",
+              c.name.c_str(), c.ranks, (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts,
+              (long long)c.top_k, std::string(routing_pattern_name(c.pattern)).c_str());
+  EpWorld world;
+  world.layer.hidden = c.hidden;
+  world.layer.ffn_hidden = c.ffn;
+  world.layer.num_experts = c.experts;
+  world.layer.top_k = c.top_k;
+  world.layer.renormalize = c.renormalize;
+  world.layer.dtype = DType::BF16;
+  for (int r = 0; r < c.ranks; ++r) world.tokens_per_rank.push_back(c.tokens - 3 * r);  // uneven on purpose
+  if (c.zero_token_rank) world.tokens_per_rank.back() = 0;
+  const SyntheticStep step = synthetic_step(world, c.pattern, seed);
+  const ExpertWeights weights = random_weights(world.layer, seed + 1);
+  MoeConfig config = world.layer;
+  config.tokens = c.tokens;
+
+  cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks));
+  const auto n = static_cast<std::size_t>(c.ranks);
+  std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n);
+  std::vector<Routing> routing(n);
+  std::vector<std::string> description(n);
+  on_every_rank(c.ranks, [&](int r) {
+    const auto ri = static_cast<std::size_t>(r);
+    const std::int64_t T = world.tokens_per_rank[ri];
+    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden);
+    cuda::RankTransport& transport = vw.rank(r);
+    {
+      cuda::EpMoeLayer layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Device});
+      description[ri] = layer.description();
+      for (int run = 0; run < 2; ++run) {
+        b.poison();
+        layer.forward(b.stream, b.input, b.logits, b.output, T);
+        layer.check(b.stream);
+        (run == 0 ? device_out : second_out)[ri] = b.read(T, c.hidden);
+      }
+      routing[ri] = layer.last_routing(b.stream, T);
+      // the device path has no host synchronisation: a whole step captured in a graph
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      TILEMOE_CUDA_CHECK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeThreadLocal));
+      layer.forward(b.stream, b.input, b.logits, b.output, T);
+      TILEMOE_CUDA_CHECK(cudaStreamEndCapture(b.stream, &graph));
+      TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      b.poison();
+      TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, b.stream));
+      layer.check(b.stream);
+      graph_out[ri] = b.read(T, c.hidden);
+      TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
+      transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
+    }
+    cuda::EpMoeLayer host_layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Host});
+    b.poison();
+    host_layer.forward(b.stream, b.input, b.logits, b.output, T);
+    host_layer.check(b.stream);
+    host_out[ri] = b.read(T, c.hidden);
+    transport.host_barrier();  // frees (device-wide synchronisations) only after every rank's last step
+  });
+  if (failures) return;
+  std::printf("  %s\n", description[0].c_str());
+
+  bool same_runs = true, same_graph = true, same_paths = true;
+  for (std::size_t r = 0; r < n; ++r) {
+    same_runs = same_runs && device_out[r].bitwise_equal(second_out[r]);
+    same_graph = same_graph && device_out[r].bitwise_equal(graph_out[r]);
+    same_paths = same_paths && device_out[r].bitwise_equal(host_out[r]);
+  }
+  expect(same_runs, "the same inputs give bitwise-identical outputs run after run, on every rank");
+  expect(same_graph, "a CUDA-graph replay of the device path gives the eager output bitwise");
+  expect(same_paths, "the device and host dispatch paths give bitwise-identical outputs");
+
+  const auto plans = compile_plan(Strategy::Sequential, world, routing, PlanOptions{});
+  const StepRun cpu = run_step(plans, weights, step.inputs);
+  const auto fp64 = fp64_reference(world, step.inputs, routing, weights);
+  const ErrorStats vs_cpu = compare(device_out, cpu.outputs);
+  const ErrorStats vs_fp64 = compare(device_out, fp64);
+  const ErrorStats cpu_vs_fp64 = compare(cpu.outputs, fp64);
+  char text[220];
+  std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e (CPU executor: %.2e), vs the CPU executor %.2e",
+                vs_fp64.relative_frobenius, cpu_vs_fp64.relative_frobenius, vs_cpu.relative_frobenius);
+  expect(vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2, text);
+}
+
+// A rank whose exchange kernels send nothing: every rank's step must fail within the timeout
+// with a Timeout error whose message names the silent rank.
+void silent_rank_times_out(int ranks, int silent) {
+  std::printf("silent rank %d of %d\n", silent, ranks);
+  EpWorld world;
+  world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 256, .num_experts = 2 * ranks, .top_k = 2};
+  world.tokens_per_rank.assign(static_cast<std::size_t>(ranks), 64);
+  const SyntheticStep step = synthetic_step(world, RoutingPattern::Balanced, 11);
+  MoeConfig config = world.layer;
+  config.tokens = 64;
+  const auto timeout = 1000ms;
+  cuda::VirtualWorld vw(ranks, cuda::EpMoeLayer::region_bytes(config, ranks), 0, {timeout});
+  std::vector<std::string> message(static_cast<std::size_t>(ranks));
+  std::vector<int> kind(static_cast<std::size_t>(ranks), -1);
+  std::vector<double> seconds(static_cast<std::size_t>(ranks), 0);
+  on_every_rank(ranks, [&](int r) {
+    const auto ri = static_cast<std::size_t>(r);
+    RankBuffers b(step.inputs[ri], step.logits[ri], 64, config.hidden);
+    cuda::EpMoeLayerOptions options;
+    options.silent = r == silent;
+    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{5}, vw.rank(r), options);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      layer.forward(b.stream, b.input, b.logits, b.output, 64);
+      layer.check(b.stream);
+    } catch (const Error& e) {
+      message[ri] = e.what();
+      kind[ri] = static_cast<int>(e.kind());
+    }
+    seconds[ri] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    bool refused = false;
+    try {
+      layer.forward(b.stream, b.input, b.logits, b.output, 64);
+    } catch (const Error&) {
+      refused = true;
+    }
+    if (!refused) throw std::runtime_error("a layer whose step failed accepted another forward");
+    vw.rank(r).host_barrier();
+  });
+  const std::string name = "of rank " + std::to_string(silent);
+  for (int r = 0; r < ranks; ++r) {
+    const auto ri = static_cast<std::size_t>(r);
+    expect(kind[ri] == static_cast<int>(ErrorKind::Timeout) && message[ri].find(name) != std::string::npos &&
+               seconds[ri] < 1.0 + 4.0,
+           "rank " + std::to_string(r) + " failed after " + std::to_string(seconds[ri]) + " s: " + message[ri]);
+  }
+}
+
+void bad_input_is_refused() {
+  std::printf("bad input\n");
+  MoeConfig config{.tokens = 16, .hidden = 64, .ffn_hidden = 64, .num_experts = 8, .top_k = 2};
+  cuda::VirtualWorld vw(2, cuda::EpMoeLayer::region_bytes(config, 2));
+  auto refused = [&](const std::function<void()>& f, const char* needle) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e.kind() == ErrorKind::BadInput && std::strstr(e.what(), needle) != nullptr;
+    }
+    return false;
+  };
+  MoeConfig odd = config;
+  odd.num_experts = 7;
+  odd.top_k = 2;
+  expect(refused([&] { cuda::EpMoeLayer l(odd, cuda::RandomDeviceWeights{}, vw.rank(0)); }, "divide evenly"),
+         "experts that do not divide over the ranks are refused");
+  MoeConfig big = config;
+  big.tokens = 1 << 16;
+  expect(refused([&] { cuda::EpMoeLayer l(big, cuda::RandomDeviceWeights{}, vw.rank(0)); }, "EpMoeLayer::region_bytes"),
+         "a region too small for the layer is refused");
+  cuda::EpMoeLayerOptions greedy;
+  greedy.exchange_ctas_per_peer = 100000;
+  expect(refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, vw.rank(0), greedy); }, "do not fit"),
+         "exchange CTAs that cannot all be resident are refused");
+  expect(refused([] { cuda::VirtualWorld w(17, 1 << 20); }, "1 to 16"), "more than 16 virtual ranks are refused");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // --small: small cases only, for compute-sanitizer
+  const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
+  cudaDeviceProp prop;
+  if (!sm90_device_or_skip(prop, "the expert-parallel layer test")) return 77;
+  try {
+    const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
+    const std::vector<Case> cases = {
+        {"two ranks", 2, 200, 256, 512, 8, 2},
+        {"four ranks, skewed", 4, 300, 512, 768, 16, 4, RoutingPattern::Skewed, true},
+        {"eight ranks, top-8 over 2 local experts", 8, 128, 256, 256, 16, 8},
+        {"eight ranks, deepseek-like", 8, 96, 896, 256, 64, 8, RoutingPattern::Skewed, true},
+        {"four ranks, all to one expert, a rank without tokens", 4, 129, 256, 512, 8, 1, RoutingPattern::OneExpert, false, true},
+        {"four ranks, mixtral-like", 4, 256, 1024, 1792, 8, 2},
+        {"two ranks, hidden 8", 2, 7, 8, 8, 4, 2},
+    };
+    std::uint64_t n = 0;
+    for (const Case& c : cases) {
+      ++n;
+      if (small && (c.ranks > 4 || c.tokens * c.hidden * c.ffn > 40'000'000)) continue;
+      run_case(c, seed + 1000 * n);
+    }
+    silent_rank_times_out(4, 2);
+    if (!small) silent_rank_times_out(8, 7);
+    bad_input_is_refused();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
+  return failures ? 1 : 0;
+}
