@@ -3,25 +3,131 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <thread>
 
 #include "exec/cuda/cuda_check.hpp"
 #include "exec/cuda/device_array.hpp"
 #include "exec/cuda/layer_timing.hpp"
+#include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
+#include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cli {
 
 
-CudaStepOutput run_cuda_step(const PreparedStep& step) {
-  if (step.world.world_size() != 1) {
-    throw_bad_input("--backend cuda runs one rank for now: use --ranks 1 (the multi-rank GPU runtime comes next)");
-  }
-  const MoeConfig config = step.world.rank_config(0);
+namespace {
+
+void require_device() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     throw_bad_input("--backend cuda: no CUDA device is visible on this machine");
   }
+}
+
+// One rank's step on virtual ranks: its own thread, its own non-blocking stream (the ranks'
+// kernels wait for each other), its buffers allocated before and freed after the world's
+// forwards (cudaFree synchronises the whole device).
+void run_virtual_rank(const PreparedStep& step, const MoeConfig& layer, cuda::RankTransport& transport,
+                      const cuda::EpMoeLayerOptions& options, CudaStepOutput& result, double& forward_ms) {
+  const int r = transport.rank();
+  const auto ri = static_cast<std::size_t>(r);
+  const std::int64_t tokens = step.world.tokens_per_rank[ri];
+  const Matrix& input = step.inputs[ri];
+  TILEMOE_CUDA_CHECK(cudaSetDevice(transport.device()));
+  cudaStream_t stream;
+  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaEvent_t start, end;
+  TILEMOE_CUDA_CHECK(cudaEventCreate(&start));
+  TILEMOE_CUDA_CHECK(cudaEventCreate(&end));
+  {
+    cuda::DeviceArray<__nv_bfloat16> x(std::max<std::size_t>(input.data.size() / 2, 8));
+    cuda::DeviceArray<float> l(std::max<std::size_t>(step.logits[ri].size(), 1));
+    cuda::DeviceArray<__nv_bfloat16> out(std::max<std::size_t>(input.data.size() / 2, 8));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(x.data(), input.data.data(), input.data.size(), cudaMemcpyHostToDevice, stream));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(l.data(), step.logits[ri].data(), step.logits[ri].size() * 4, cudaMemcpyHostToDevice, stream));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    cuda::EpMoeLayer ep(layer, step.weights, transport, options);
+    if (r == 0) result.description = std::to_string(step.world.world_size()) + " virtual ranks, " + ep.description();
+    for (int run = 0; run < 2; ++run) {  // the first is the warm-up
+      TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));  // NaN poison
+      TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
+      ep.forward(stream, x.data(), l.data(), out.data(), tokens);
+      TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
+      ep.check(stream);
+    }
+    float ms = 0;
+    TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+    forward_ms = ms;
+    Matrix output(DType::BF16, tokens, layer.hidden);
+    if (!output.data.empty()) {
+      TILEMOE_CUDA_CHECK(cudaMemcpyAsync(output.data.data(), out.data(), output.data.size(), cudaMemcpyDeviceToHost, stream));
+    }
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    result.outputs[ri] = std::move(output);
+    result.routing[ri] = ep.last_routing(stream, tokens);
+    transport.host_barrier();  // no rank frees memory while a peer still runs its step
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  cudaStreamDestroy(stream);
+}
+
+CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions& options) {
+  const int ranks = step.world.world_size();
+  MoeConfig layer = step.world.layer;
+  layer.tokens = *std::max_element(step.world.tokens_per_rank.begin(), step.world.tokens_per_rank.end());
+  cuda::EpMoeLayerOptions ep_options;
+  if (options.dispatch == "device") {
+    ep_options.dispatch = cuda::DispatchPath::Device;
+  } else if (options.dispatch == "host") {
+    ep_options.dispatch = cuda::DispatchPath::Host;
+  } else {
+    throw_bad_input("unknown --dispatch '" + options.dispatch + "': use device or host");
+  }
+  cuda::VirtualWorldOptions world_options;
+  world_options.timeout = std::chrono::milliseconds(options.timeout_ms);
+  world_options.link_gbps = options.link_gbps;
+  cuda::VirtualWorld world(ranks, cuda::EpMoeLayer::region_bytes(layer, ranks), 0, world_options);
+  CudaStepOutput result;
+  result.outputs.resize(static_cast<std::size_t>(ranks));
+  result.routing.resize(static_cast<std::size_t>(ranks));
+  std::vector<double> forward_ms(static_cast<std::size_t>(ranks), 0.0);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        run_virtual_rank(step, layer, world.rank(r), ep_options, result, forward_ms[static_cast<std::size_t>(r)]);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // the root cause first: a timeout names the rank that stalled; the others were stopped by it
+  for (const auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const Error& error) {
+      if (error.kind() == ErrorKind::Timeout || error.kind() == ErrorKind::BadInput) throw;
+    } catch (...) {
+    }
+  }
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  result.forward_ms = *std::max_element(forward_ms.begin(), forward_ms.end());
+  return result;
+}
+
+}  // namespace
+
+CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options) {
+  require_device();
+  if (step.world.world_size() > 1) return run_virtual_ranks(step, options);
+  const MoeConfig config = step.world.rank_config(0);
   cuda::MoeLayer layer(config, step.weights);
   const Matrix& input = step.inputs[0];
   const std::vector<float>& logits = step.logits[0];
@@ -34,6 +140,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step) {
   TILEMOE_CUDA_CHECK(cudaEventCreate(&start));
   TILEMOE_CUDA_CHECK(cudaEventCreate(&end));
   CudaStepOutput result;
+  result.description = "1 rank, " + layer.gemm_description();
   for (int run = 0; run < 2; ++run) {  // the first is the warm-up
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));
     TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
@@ -55,11 +162,10 @@ CudaStepOutput run_cuda_step(const PreparedStep& step) {
 }
 
 CudaBenchResult run_cuda_bench(const EpWorld& world, RoutingPattern pattern, std::uint64_t seed, int runs) {
-  if (world.world_size() != 1) throw_bad_input("--backend cuda benchmarks one rank for now: use --ranks 1");
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    throw_bad_input("--backend cuda: no CUDA device is visible on this machine");
+  if (world.world_size() != 1) {
+    throw_bad_input("tilemoe bench --backend cuda times one rank: use --ranks 1 (ep_exchange_bench times virtual ranks)");
   }
+  require_device();
   const MoeConfig config = world.rank_config(0);
   cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{seed});
   const SyntheticStep step = synthetic_step(world, pattern, seed);

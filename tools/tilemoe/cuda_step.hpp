@@ -1,18 +1,26 @@
 #pragma once
-// `tilemoe run --backend cuda`: the step of one rank on the GPU through cuda::MoeLayer.
+// `tilemoe run --backend cuda`: the step on the GPU, through cuda::MoeLayer for one rank and
+// cuda::EpMoeLayer on virtual ranks (all ranks on this process's GPU) for more.
 #include <vector>
 
 #include "step_options.hpp"
 
 namespace tilemoe::cli {
 
-struct CudaStepOutput {
-  std::vector<Matrix> outputs;   // one rank
-  std::vector<Routing> routing;  // the routing the GPU chose, to check the expert path on it
-  double forward_ms = 0.0;       // one forward after a warm-up, CUDA events
+struct CudaStepOptions {
+  std::string dispatch = "device";  // multi-rank: device (device-API kernels) or host (host-API all-to-all)
+  double link_gbps = 0.0;           // virtual ranks: emulated outgoing link per rank, GB/s (0 = unpaced)
+  std::int64_t timeout_ms = 30000;  // bound of every device and host wait
 };
 
-CudaStepOutput run_cuda_step(const PreparedStep& step);
+struct CudaStepOutput {
+  std::vector<Matrix> outputs;   // per rank
+  std::vector<Routing> routing;  // the routing the GPU chose, to check the expert path on it
+  double forward_ms = 0.0;       // one forward after a warm-up, CUDA events (the slowest rank)
+  std::string description;       // how it ran: "1 rank" / "4 virtual ranks, device dispatch, ..."
+};
+
+CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options);
 
 // `tilemoe bench --backend cuda`: per-stage medians of the one-GPU forward of `world` (one
 // rank) on synthetic logits of `pattern`, weights drawn on the device.

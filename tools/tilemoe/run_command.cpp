@@ -34,6 +34,8 @@ struct RunOptions {
   // About the H200's balance of NVLink bytes to bf16 FLOPs (370 GB/s : 790 TFLOP/s), scaled
   // to the ~25 GFLOP/s of the CPU engine on two cores, so the default run shows real overlap.
   double link_mbps = 12.0;
+  std::string dispatch = "device";  // --backend cuda, several ranks
+  double link_gbps = 0.0;           // --backend cuda, virtual ranks
 };
 
 struct StrategyResult {
@@ -54,20 +56,26 @@ constexpr double kMaxFp64Work = 4e9;
 // routing the GPU chose (across backends the criterion is bf16 tolerance, not bitwise).
 int run_cuda(const RunOptions& options, const PreparedStep& step) {
 #ifdef TILEMOE_WITH_CUDA
-  const CudaStepOutput gpu = run_cuda_step(step);
+  CudaStepOptions cuda_options;
+  cuda_options.dispatch = options.dispatch;
+  cuda_options.link_gbps = options.link_gbps;
+  cuda_options.timeout_ms = options.timeout_ms;
+  const CudaStepOutput gpu = run_cuda_step(step, cuda_options);
   const auto plans = compile_plan(Strategy::Sequential, step.world, gpu.routing, options.step.plan);
   const StepRun cpu = run_step(plans, step.weights, step.inputs);
   const ErrorStats vs_cpu = compare(gpu.outputs, cpu.outputs);
   const ErrorStats vs_fp64 = compare(gpu.outputs, fp64_reference(step.world, step.inputs, gpu.routing, step.weights));
   const bool ok = vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2;
   if (options.json) {
-    nlohmann::json doc = {{"backend", "cuda"}, {"source", step.source}, {"forward_ms", gpu.forward_ms},
+    nlohmann::json doc = {{"backend", "cuda"}, {"ranks", step.world.world_size()}, {"how", gpu.description},
+                          {"source", step.source}, {"forward_ms", gpu.forward_ms},
                           {"max_abs_error_vs_cpu", vs_cpu.max_abs}, {"relative_error_vs_cpu", vs_cpu.relative_frobenius},
                           {"relative_error_vs_fp64", vs_fp64.relative_frobenius}, {"within_tolerance", ok}};
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
-    std::printf("tilemoe run: backend cuda, 1 rank, %lld tokens, hidden %lld, ffn %lld, %lld experts, top-%lld, %s\n",
-                static_cast<long long>(step.world.tokens_per_rank[0]), static_cast<long long>(step.world.layer.hidden),
+    std::printf("tilemoe run: backend cuda, %s; %lld tokens per rank, hidden %lld, ffn %lld, %lld experts, top-%lld, %s\n",
+                gpu.description.c_str(), static_cast<long long>(step.world.tokens_per_rank[0]),
+                static_cast<long long>(step.world.layer.hidden),
                 static_cast<long long>(step.world.layer.ffn_hidden), static_cast<long long>(step.world.layer.num_experts),
                 static_cast<long long>(step.world.layer.top_k), step.source.c_str());
     std::printf("%-12s %10s %16s %14s %14s %10s\n", "strategy", "gpu ms", "max|err| cpu", "rel err cpu", "rel err fp64", "tolerance");
@@ -92,6 +100,9 @@ int run(const RunOptions& options) {
     throw_bad_input("unknown backend '" + options.backend + "': use cpu or cuda");
   }
   if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
+  if (options.backend == "cpu" && (options.link_gbps != 0.0 || options.dispatch != "device")) {
+    throw_bad_input("--dispatch and --link-gbps are options of --backend cuda; the CPU engine's link is --link-mbps");
+  }
   const PreparedStep step = prepare_step(options.step);
   if (options.backend == "cuda") return run_cuda(options, step);
   std::vector<Strategy> strategies;
@@ -203,7 +214,12 @@ void add_run_command(CLI::App& app, int& exit_code) {
   auto options = std::make_shared<RunOptions>();
   CLI::App* command = app.add_subcommand("run", "run one MoE forward step for each strategy and check it against the references");
   options->step.add_to(*command);
-  command->add_option("--backend", options->backend, "cpu, or cuda (one rank, in a cuda-preset build)")->capture_default_str();
+  command->add_option("--backend", options->backend, "cpu, or cuda (in a cuda-preset build; several ranks run as virtual ranks on one GPU)")
+      ->capture_default_str();
+  command->add_option("--dispatch", options->dispatch, "cuda, several ranks: device (device-API kernels) or host (host-API all-to-all)")
+      ->capture_default_str();
+  command->add_option("--link-gbps", options->link_gbps, "cuda, virtual ranks: emulated outgoing link of each rank, GB/s (0 = unpaced)")
+      ->capture_default_str();
   command->add_option("--strategy", options->strategy, "all, sequential, tile_signal or comet")->capture_default_str();
   command->add_option("--output", options->output_path, "write the output [T, hidden] as safetensors ('output')");
   command->add_option("--trace", options->trace_path, "write a Chrome/Perfetto trace-event JSON of every strategy's step");
