@@ -8,7 +8,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-bench memcheck racecheck planned-sanitize ep-memcheck bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep cli-bench memcheck racecheck planned-sanitize ep-memcheck bench torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -42,6 +42,9 @@ for step in "${steps[@]}"; do
     bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
+    cli-ep)
+      run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4
+      run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 256 --hidden 1024 --ffn-hidden 1024 --experts 32 --top-k 8 --dispatch host ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
