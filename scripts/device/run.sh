@@ -44,7 +44,7 @@ for step in "${steps[@]}"; do
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-ep)
       run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4
-      run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 256 --hidden 1024 --ffn-hidden 1024 --experts 32 --top-k 8 --dispatch host ;;
+      run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;

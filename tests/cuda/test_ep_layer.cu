@@ -20,6 +20,7 @@
 #include "sm90_device.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
+#include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/reference.hpp"
@@ -144,7 +145,12 @@ void run_case(const Case& c, std::uint64_t seed) {
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       TILEMOE_CUDA_CHECK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeThreadLocal));
-      layer.forward(b.stream, b.input, b.logits, b.output, T);
+      try {
+        layer.forward(b.stream, b.input, b.logits, b.output, T);
+      } catch (...) {
+        cudaStreamEndCapture(b.stream, &graph);  // leave the stream usable for the clean-up
+        throw;
+      }
       TILEMOE_CUDA_CHECK(cudaStreamEndCapture(b.stream, &graph));
       TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       b.poison();
@@ -267,6 +273,7 @@ void bad_input_is_refused() {
 
 int main(int argc, char** argv) {
   // --small: small cases only, for compute-sanitizer
+  cuda::request_eager_module_loading();
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
   cudaDeviceProp prop;
   if (!sm90_device_or_skip(prop, "the expert-parallel layer test")) return 77;

@@ -6,9 +6,15 @@
 #include <string>
 
 #include "commands.hpp"
+#ifdef TILEMOE_WITH_CUDA
+#include "tilemoe/cuda/module_loading.hpp"
+#endif
 #include "tilemoe/error.hpp"
 
 int main(int argc, char** argv) {
+#ifdef TILEMOE_WITH_CUDA
+  tilemoe::cuda::request_eager_module_loading();  // before any CUDA call: virtual ranks need it
+#endif
   CLI::App app{"tilemoe: expert-parallel MoE layers with compute/communication overlap"};
   app.require_subcommand(1);
   int exit_code = 0;

@@ -10,6 +10,7 @@
 #include "ep_exchange.hpp"
 #include "expert_ffn.hpp"
 #include "moe_kernels.hpp"
+#include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {
@@ -118,6 +119,10 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const int resident = ep_exchange_ctas_per_sm(world, static_cast<int>(c.num_experts)) * sms;
   const int sharing = t.ranks_per_device();
+  if (sharing > 1 && lazy_module_loading()) {
+    throw_bad_input("ranks sharing a GPU need CUDA_MODULE_LOADING=EAGER in the environment (before CUDA starts): with lazy "
+                    "loading a kernel's first launch can wait for the peers' kernels that wait for it");
+  }
   const int fit = resident / (sharing * world);
   if (o.exchange_ctas_per_peer < 0) throw_bad_input("exchange CTAs per peer must be positive (0 = auto)");
   if (o.exchange_ctas_per_peer > 0) {
@@ -309,18 +314,17 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
   }
   TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
-  if (m.transport->ranks_per_device() > 1) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TILEMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone && m.options.dispatch == DispatchPath::Host) {
+    throw_bad_input("the host dispatch path synchronises with the host and cannot be captured in a CUDA graph");
+  }
+  // (a capturing stream cannot be asked for its flags; it was asked when it ran eagerly)
+  if (m.transport->ranks_per_device() > 1 && capture == cudaStreamCaptureStatusNone) {
     unsigned flags = 0;
     if (stream == nullptr || stream == cudaStreamPerThread || cudaStreamGetFlags(stream, &flags) != cudaSuccess ||
         (flags & cudaStreamNonBlocking) == 0) {
       throw_bad_input("ranks sharing a GPU need non-blocking streams (cudaStreamCreateWithFlags(..., cudaStreamNonBlocking))");
-    }
-  }
-  if (m.options.dispatch == DispatchPath::Host) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    TILEMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone) {
-      throw_bad_input("the host dispatch path synchronises with the host and cannot be captured in a CUDA graph");
     }
   }
   const int T = static_cast<int>(tokens), E = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
