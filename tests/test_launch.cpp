@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -458,4 +460,149 @@ TEST(Rendezvous, NoDescriptorLeaksOnFailure) {
     rv.barrier();
   });
   EXPECT_EQ(open_fds(), before);
+}
+
+// ---- tilemoe launch, through the built binary ----
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+  std::chrono::steady_clock::duration took{};
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// `args` as a shell would pass them (quoted by the caller).
+CliRun tilemoe_cli(const std::string& args) {
+  const fs::path dir = fs::temp_directory_path() / ("tilemoe_launch_" + std::to_string(::getpid()) + "_" +
+                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  fs::create_directories(dir);
+  const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
+  const auto start = std::chrono::steady_clock::now();
+  const int status = std::system((std::string(TILEMOE_CLI) + " " + args + " >" + out + " 2>" + err).c_str());
+  CliRun r;
+  r.took = std::chrono::steady_clock::now() - start;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  fs::remove_all(dir);
+  return r;
+}
+
+std::vector<std::string> sorted_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::stringstream s(text);
+  for (std::string line; std::getline(s, line);) lines.push_back(line);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+}  // namespace
+
+TEST(LaunchCli, EveryRankGetsItsPlace) {
+  const CliRun r = tilemoe_cli("launch -n 3 -- sh -c 'echo $TILEMOE_RANK/$TILEMOE_WORLD_SIZE'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sorted_lines(r.out), (std::vector<std::string>{"0/3", "1/3", "2/3"}));
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(LaunchCli, TheChildrenReadTheirEnvironmentAsTilemoeLaunch) {
+  const CliRun r = tilemoe_cli(
+      "launch -n 2 --rendezvous 127.0.0.1:4567 -- sh -c "
+      "'echo $TILEMOE_RANK $TILEMOE_LOCAL_RANK $TILEMOE_LOCAL_SIZE $TILEMOE_RENDEZVOUS'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(sorted_lines(r.out), (std::vector<std::string>{"0 0 2 127.0.0.1:4567", "1 1 2 127.0.0.1:4567"}));
+  // Without --rendezvous: loopback and a port picked for this world.
+  const CliRun d = tilemoe_cli("launch -n 1 -- sh -c 'echo $TILEMOE_RENDEZVOUS'");
+  ASSERT_EQ(d.code, 0) << d.err;
+  EXPECT_THAT(d.out, ::testing::MatchesRegex("127\\.0\\.0\\.1:[0-9]+\n"));
+}
+
+TEST(LaunchCli, AFailingRankStopsTheWorldAndGivesItsCode) {
+  // Rank 1 fails; its siblings would sleep for a minute and must be stopped promptly.
+  const CliRun r = tilemoe_cli("launch -n 3 -- sh -c 'if [ $TILEMOE_RANK = 1 ]; then sleep 0.2; exit 3; fi; sleep 60'");
+  EXPECT_EQ(r.code, 3) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 1 exited with code 3"));
+  EXPECT_THAT(r.err, HasSubstr("stopping ranks 0, 2 (SIGTERM)"));
+  EXPECT_LT(r.took, 4s);
+}
+
+TEST(LaunchCli, ARankKilledByASignalIsNamedAndExitsOne) {
+  const CliRun r = tilemoe_cli("launch -n 2 -- sh -c 'if [ $TILEMOE_RANK = 0 ]; then kill -SEGV $$; fi; sleep 60'");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("rank 0 was killed by signal SIGSEGV"));
+  EXPECT_LT(r.took, 4s);
+}
+
+TEST(LaunchCli, TheTimeoutStopsAWorldThatRunsTooLong) {
+  const CliRun r = tilemoe_cli("launch -n 2 --timeout-s 0.3 -- sleep 60");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("did not finish within --timeout-s 0.3; ranks 0, 1 still running"));
+  EXPECT_LT(r.took, 4s);
+}
+
+TEST(LaunchCli, AProgramThatCannotRunIsNamed) {
+  const CliRun r = tilemoe_cli("launch -n 2 -- tilemoe-no-such-program --flag");
+  EXPECT_EQ(r.code, 127);
+  EXPECT_THAT(r.err, HasSubstr("cannot execute 'tilemoe-no-such-program': No such file or directory"));
+}
+
+TEST(LaunchCli, BadArgumentsExitWithTwo) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"launch -n 0 -- true", "-n 0 is outside 1..64"},
+      {"launch -n 65 -- true", "-n 65 is outside 1..64"},
+      {"launch -n two -- true", "two"},
+      {"launch -- true", "--ranks is required"},
+      {"launch -n 2", "no program to start"},
+      {"launch -n 2 --timeout-s -1 -- true", "--timeout-s"},
+      {"launch -n 2 --rendezvous nohost -- true", "--rendezvous='nohost' is not host:port"},
+      {"launch -n 2 --rendezvous h:99999 -- true", "has no valid port"},
+  };
+  for (const Case& c : cases) {
+    const CliRun r = tilemoe_cli(c.args);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+  }
+}
+
+TEST(LaunchCli, AnUnknownCommandListsLaunch) {
+  const CliRun r = tilemoe_cli("frobnicate");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_THAT(r.err, HasSubstr("use run, bench, validate-plan or launch"));
+}
+
+// A rank of the world below: run by `tilemoe launch` (which sets TILEMOE_RANK), skipped
+// otherwise. It joins through its environment and checks what the others sent.
+TEST(LaunchChild, JoinsTheWorldOfItsEnvironment) {
+  if (!std::getenv("TILEMOE_RANK")) GTEST_SKIP() << "only run as a rank of tilemoe launch";
+  const LaunchEnv env = launch_env();
+  ASSERT_EQ(env.source, "tilemoe launch");
+  Rendezvous rv(env, env.rendezvous, 10s);
+  const auto id = rv.broadcast_from_root(bytes_of("unique id of rank " + std::to_string(env.rank)));
+  EXPECT_EQ(text_of(id), "unique id of rank 0");
+  const auto all = rv.all_gather(bytes_of(std::to_string(env.rank * 10)));
+  std::string seen;
+  for (const auto& part : all) seen += text_of(part) + ",";
+  rv.barrier();
+  std::printf("rank %d of %d saw %s\n", env.rank, env.world_size, seen.c_str());
+}
+
+TEST(LaunchCli, RanksMeetAtTheRendezvous) {
+  // The whole path: tilemoe launch, launch_env in each rank, the rendezvous between them. The
+  // ranks are this test program, running the test above.
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const CliRun r = tilemoe_cli("launch -n 3 -- " + self + " --gtest_filter=LaunchChild.JoinsTheWorldOfItsEnvironment");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (int rank = 0; rank < 3; ++rank) EXPECT_THAT(r.out, HasSubstr("rank " + std::to_string(rank) + " of 3 saw 0,10,20,"));
+  EXPECT_LT(r.took, 10s);
 }
