@@ -317,7 +317,9 @@ void Rendezvous::check_usable(const char* what) const {
   if (failed_) throw_internal("rendezvous at " + address_ + ": " + what + " called after the rendezvous failed");
 }
 
-std::chrono::milliseconds Rendezvous::peer_wait() const { return timeout_ + std::min<milliseconds>(timeout_ / 4, milliseconds(5000)); }
+std::chrono::milliseconds Rendezvous::peer_wait() const {
+  return timeout_ + std::clamp<milliseconds>(timeout_ / 4, milliseconds(500), milliseconds(5000));
+}
 
 void Rendezvous::join_as_root() {
   const Clock::time_point start = Clock::now();

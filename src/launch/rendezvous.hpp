@@ -34,9 +34,10 @@ class Rendezvous {
   // Joins the world of `env` (rank, world_size) at `address` (host:port; kDefaultRendezvous
   // when empty). Rank 0 binds to that host and accepts world_size - 1 peers; the others
   // connect, retrying until it listens. Returns once all ranks have joined, or throws.
-  // Rank 0 waits at most `timeout` for each step; the other ranks wait for rank 0 a quarter
-  // longer (at most 5 s more), so that rank 0's verdict, which names the rank at fault,
-  // reaches them before their own timer expires. A world of one opens no socket.
+  // Rank 0 waits at most `timeout` for each step (joining, each collective); the other ranks
+  // wait for rank 0 a quarter longer (0.5 s to 5 s more), so that rank 0's verdict, which
+  // names the rank at fault, reaches them before their own timer expires. A world of one
+  // opens no socket.
   Rendezvous(const LaunchEnv& env, std::string address, std::chrono::milliseconds timeout);
   ~Rendezvous();
   Rendezvous(const Rendezvous&) = delete;
