@@ -274,10 +274,16 @@ Rendezvous::Rendezvous(const LaunchEnv& env, std::string address, std::chrono::m
   host_ = where.host;
   port_ = where.port;
   if (world_size_ == 1) return;
-  if (rank_ == 0) {
-    join_as_root();
-  } else {
-    join_as_peer();
+  // A constructor that throws runs no destructor: what was opened is closed here.
+  try {
+    if (rank_ == 0) {
+      join_as_root();
+    } else {
+      join_as_peer();
+    }
+  } catch (...) {
+    close_all();
+    throw;
   }
 }
 

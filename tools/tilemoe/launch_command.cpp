@@ -187,13 +187,21 @@ pid_t spawn(const LaunchOptions& o, int rank, const BlockedSignals& signals, int
 
 class World {
  public:
-  World(const LaunchOptions& options, const BlockedSignals& signals) : o_(options), signals_(signals), ranks_(static_cast<std::size_t>(options.ranks)) {}
+  World(const LaunchOptions& options, const BlockedSignals& signals)
+      : o_(options), signals_(signals), ranks_(static_cast<std::size_t>(options.ranks)) {}
 
   int run() {
     for (int r = 0; r < o_.ranks; ++r) {
       int exec_error = 0;
       Rank& rank = ranks_[static_cast<std::size_t>(r)];
-      rank.pid = spawn(o_, r, signals_, &exec_error);
+      try {
+        rank.pid = spawn(o_, r, signals_, &exec_error);
+      } catch (const Error& e) {
+        // The ranks already started must not be left behind.
+        std::fprintf(stderr, "tilemoe launch: cannot start rank %d: %s\n", r, e.what());
+        failure(1);
+        break;
+      }
       rank.running = true;
       if (exec_error != 0) {
         // That child is exiting already: collect it, so that it does not count as one to stop.
@@ -221,10 +229,17 @@ class World {
                      static_cast<long long>(kGrace.count()));
         signal_all(SIGKILL);
         killed_ = true;
+        stop_deadline_ = now + kGrace;
+      } else if (killed_ && now >= stop_deadline_) {
+        // Not even SIGKILL ended them (a process stuck in the kernel, e.g. a GPU driver call):
+        // waiting longer would make the launcher hang with them.
+        std::fprintf(stderr, "tilemoe launch: %s still there %lld s after SIGKILL: giving up on them\n",
+                     rank_list(running()).c_str(), static_cast<long long>(kGrace.count()));
+        break;
       }
       // Wake at least every 100 ms: reaping by polling does not depend on SIGCHLD reaching us.
       Clock::time_point wake = std::min(now + std::chrono::milliseconds(100), run_deadline);
-      if (stopping_ && !killed_) wake = std::min(wake, stop_deadline_);
+      if (stopping_) wake = std::min(wake, stop_deadline_);
       const auto wait_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::max(wake - now, Clock::duration::zero())).count();
       const timespec ts{static_cast<time_t>(wait_ns / 1'000'000'000), static_cast<long>(wait_ns % 1'000'000'000)};
       const int signal = ::sigtimedwait(&signals_.set(), nullptr, &ts);
