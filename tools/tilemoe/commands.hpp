@@ -7,5 +7,6 @@ namespace tilemoe::cli {
 void add_run_command(CLI::App& app, int& exit_code);
 void add_validate_plan_command(CLI::App& app, int& exit_code);
 void add_bench_command(CLI::App& app, int& exit_code);
+void add_launch_command(CLI::App& app, int& exit_code);
 
 }  // namespace tilemoe::cli

@@ -21,9 +21,11 @@ int main(int argc, char** argv) {
   tilemoe::cli::add_run_command(app, exit_code);
   tilemoe::cli::add_validate_plan_command(app, exit_code);
   tilemoe::cli::add_bench_command(app, exit_code);
+  tilemoe::cli::add_launch_command(app, exit_code);
   const std::string first = argc > 1 ? argv[1] : "";
-  if (!first.empty() && first[0] != '-' && first != "run" && first != "validate-plan" && first != "bench") {
-    std::fprintf(stderr, "tilemoe: unknown command '%s': use run, bench or validate-plan (tilemoe --help lists them)\n", argv[1]);
+  if (!first.empty() && first[0] != '-' && first != "run" && first != "validate-plan" && first != "bench" &&
+      first != "launch") {
+    std::fprintf(stderr, "tilemoe: unknown command '%s': use run, bench, validate-plan or launch (tilemoe --help lists them)\n", argv[1]);
     return 2;
   }
   try {
