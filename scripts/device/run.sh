@@ -2,13 +2,13 @@
 # The one script of a device call: runs the GPU tests, compute-sanitizer and the benchmarks
 # from the binaries built here (scripts/device/pack.sh puts them in build/device-bin, which the
 # call carries), and leaves everything under $OUT: log.txt (all output), gpu.txt,
-# bench.json, torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
+# bench.json, ep_bench.json, torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep cli-bench memcheck racecheck planned-sanitize ep-memcheck bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep cli-bench memcheck racecheck planned-sanitize ep-memcheck bench ep-bench torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -40,6 +40,7 @@ for step in "${steps[@]}"; do
       run_step planned-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_planned_gemm" --small
       run_step planned-racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;
     bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
+    ep-bench) run_step ep-bench "$bin/ep_exchange_bench" --json "$out/ep_bench.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-ep)

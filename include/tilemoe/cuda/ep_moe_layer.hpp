@@ -49,6 +49,9 @@ struct EpMoeLayerOptions {
   // Fault injection for tests: this rank's exchange kernels send nothing (no counts, no rows),
   // as a stalled or dead peer would; the other ranks must fail with a timeout naming it.
   bool silent = false;
+  // Benchmarks of the exchange alone (DeepEP's dispatch/combine benchmark): the experts return
+  // their input rows unchanged; no expert weights are allocated. Not a MoE layer.
+  bool identity_experts = false;
 };
 
 class EpMoeLayer {

@@ -76,6 +76,10 @@ struct EpMoeLayer::Impl {
   void finish_init();
   std::byte* region(std::size_t offset) const { return transport->device_view().region[rank] + offset; }
   EpExchangeArgs exchange_args() const;
+  // what the experts produced: their FFN's output, or with identity experts their input rows
+  const std::byte* expert_out() const {
+    return ffn ? reinterpret_cast<const std::byte*>(y.data()) : region(layout.dispatch_rows);
+  }
   void host_dispatch(cudaStream_t stream, int tokens);
   void host_combine_send(cudaStream_t stream);
   std::vector<std::size_t> send_offset, send_bytes, recv_offset, recv_bytes;  // host path, this step
@@ -153,7 +157,6 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   layout_temp = DeviceArray<char>(layout_temp_bytes);
   send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
-  y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
   epoch = DeviceArray<std::uint64_t>(1);
   local_row_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts + 1));
   block_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts * world + 1));
@@ -170,6 +173,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     host_gathered = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(world * (E + 1)));
     host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
   }
+  if (o.identity_experts) return;
+  y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
   const double rows_per_expert = static_cast<double>(world) * static_cast<double>(slots) / static_cast<double>(E);
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
                                     layout.receive_capacity, rows_per_expert, o.gemm, device);
@@ -190,14 +195,14 @@ EpMoeLayer::EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, Ran
     throw_bad_input("the expert weights do not match the layer config");
   }
   impl_->init(layer, transport, options);
-  impl_->ffn->upload(weights);
+  if (impl_->ffn) impl_->ffn->upload(weights);
   impl_->finish_init();
 }
 
 EpMoeLayer::EpMoeLayer(const MoeConfig& layer, RandomDeviceWeights weights, RankTransport& transport, EpMoeLayerOptions options)
     : impl_(std::make_unique<Impl>()) {
   impl_->init(layer, transport, options);
-  impl_->ffn->draw(weights.seed);
+  if (impl_->ffn) impl_->ffn->draw(weights.seed);
   impl_->finish_init();
 }
 
@@ -210,7 +215,7 @@ std::string EpMoeLayer::description() const {
   const Impl& m = *impl_;
   std::string text = std::string(dispatch_path_name(m.options.dispatch)) + " dispatch";
   if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
-  return text + ", " + m.ffn->description();
+  return text + ", " + (m.ffn ? m.ffn->description() : std::string("identity experts"));
 }
 
 EpExchangeArgs EpMoeLayer::Impl::exchange_args() const {
@@ -223,7 +228,7 @@ EpExchangeArgs EpMoeLayer::Impl::exchange_args() const {
   a.ctas_per_peer = ctas_per_peer;
   a.row_offset = row_offset.data();
   a.send_rows = reinterpret_cast<const std::byte*>(send_rows.data());
-  a.expert_out = reinterpret_cast<const std::byte*>(y.data());
+  a.expert_out = expert_out();
   a.silent = options.silent;
   return a;
 }
@@ -295,7 +300,7 @@ void EpMoeLayer::Impl::host_dispatch(cudaStream_t stream, int /*tokens*/) {
 
 void EpMoeLayer::Impl::host_combine_send(cudaStream_t stream) {
   const int blocks = local_experts * world;
-  launch_copy_row_blocks(stream, reinterpret_cast<const std::byte*>(y.data()), reinterpret_cast<std::byte*>(staging.data()),
+  launch_copy_row_blocks(stream, expert_out(), reinterpret_cast<std::byte*>(staging.data()),
                          static_cast<int>(config.hidden) * 2, block_tables.data() + 3 * blocks, blocks);
   // the way back: what came from q returns to q, at the place its own permuted order keeps it
   transport->host_exchange().all_to_all(stream, staging.data(), recv_offset, recv_bytes, region(layout.returned_rows),
@@ -350,11 +355,15 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       m.host_dispatch(stream, T);
     }
-    m.ffn->build_tables(stream, m.local_row_offset.data());
-    const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
-    m.ffn->run(stream, m.local_row_offset.data(), rows, m.layout.receive_capacity, m.y.data(), [&](int stage) {
-      mark(stage == kGemm0 ? kEpGemm0 : stage == kActivation ? kEpActivation : kEpGemm1);
-    });
+    if (m.ffn) {
+      m.ffn->build_tables(stream, m.local_row_offset.data());
+      const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
+      m.ffn->run(stream, m.local_row_offset.data(), rows, m.layout.receive_capacity, m.y.data(), [&](int stage) {
+        mark(stage == kGemm0 ? kEpGemm0 : stage == kActivation ? kEpActivation : kEpGemm1);
+      });
+    } else {
+      for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
+    }
     mark(kEpCombineSend);
     if (m.options.dispatch == DispatchPath::Device) {
       launch_ep_combine_send(stream, view, args);

@@ -1,0 +1,255 @@
+// Dispatch and combine of the expert-parallel layer on virtual ranks (N ranks on one GPU): the
+// device-API exchange kernels against the host-API path (counts to the host, then sized
+// all-to-alls), at the DeepEP shape, the Mixtral shape and a decode shape. The experts are the
+// identity (DeepEP's own benchmark times the exchange alone), so the output must equal the
+// input when the top-k weights sum to one: that is checked on every configuration.
+//
+// Per run every rank meets at a host barrier, then runs one step; a stage's time on a rank is
+// between the CUDA events around it. Reported per configuration: medians over the runs of the
+// slowest rank's dispatch and combine time, and the algorithm bandwidth per rank (bytes a rank
+// sends / time; "remote" counts only rows for other ranks). On one GPU all ranks share its
+// memory: the ceiling is the device copy rate measured in the same run, divided among the
+// ranks. Informational; the real NVLink figures need several GPUs.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/moe_kernels.hpp"
+#include "tilemoe/cuda/ep_moe_layer.hpp"
+#include "tilemoe/cuda/module_loading.hpp"
+#include "tilemoe/cuda/virtual_world.hpp"
+#include "tilemoe/error.hpp"
+#include "tilemoe/median.hpp"
+
+using namespace tilemoe;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int tokens, hidden, experts, top_k;
+};
+
+struct RankTimes {
+  std::vector<double> dispatch_ms, combine_ms;  // per run
+  std::int64_t remote_rows = 0, rows = 0;
+  double max_rel_error = 0;
+};
+
+double device_copy_gbps() {
+  const std::size_t bytes = std::size_t(4) << 30;
+  char *src, *dst;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&src, bytes));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  TILEMOE_CUDA_CHECK(cudaMemset(src, 1, bytes));
+  cudaEvent_t a, b;
+  TILEMOE_CUDA_CHECK(cudaEventCreate(&a));
+  TILEMOE_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> ms;
+  for (int i = 0; i < 13; ++i) {
+    TILEMOE_CUDA_CHECK(cudaEventRecord(a));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    TILEMOE_CUDA_CHECK(cudaEventRecord(b));
+    TILEMOE_CUDA_CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;  // read + write
+}
+
+// bf16 bits -> float
+float bf16_value(std::uint16_t bits) {
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTransport& transport, cuda::DispatchPath path,
+              int runs, std::uint64_t seed, RankTimes& out, std::string& description) {
+  TILEMOE_CUDA_CHECK(cudaSetDevice(0));
+  const std::size_t x_count = static_cast<std::size_t>(s.tokens) * s.hidden;
+  cudaStream_t stream;
+  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  __nv_bfloat16 *x = nullptr, *y = nullptr;
+  float* logits = nullptr;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&x, x_count * 2));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&y, x_count * 2));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&logits, static_cast<std::size_t>(s.tokens) * s.experts * 4));
+  cuda::launch_random_bf16(stream, x, x_count, seed + 17 * r, 1.0f);
+  {
+    std::mt19937_64 rng(seed + r);
+    std::normal_distribution<float> normal;
+    std::vector<float> l(static_cast<std::size_t>(s.tokens) * s.experts);
+    for (float& v : l) v = normal(rng);
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(logits, l.data(), l.size() * 4, cudaMemcpyHostToDevice, stream));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  cuda::EpStageEvents events;
+  for (cudaEvent_t& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreate(&e));
+  {
+    cuda::EpMoeLayerOptions options;
+    options.dispatch = path;
+    options.identity_experts = true;
+    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{seed}, transport, options);
+    if (r == 0) description = layer.description();
+    for (int run = 0; run < runs + 3; ++run) {  // 3 warm-ups
+      transport.host_barrier();
+      TILEMOE_CUDA_CHECK(cudaMemsetAsync(y, 0xff, x_count * 2, stream));  // NaN poison
+      layer.forward(stream, x, logits, y, s.tokens, &events);
+      layer.check(stream);
+      if (run < 3) continue;
+      float dispatch = 0, combine = 0;
+      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&dispatch, events.boundary[cuda::kEpDispatch], events.boundary[cuda::kEpGemm0]));
+      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&combine, events.boundary[cuda::kEpCombineSend], events.boundary[cuda::kEpCombine]));
+      out.dispatch_ms.push_back(dispatch);
+      out.combine_ms.push_back(combine);
+    }
+    // identity experts and renormalised weights: the output is the input
+    std::vector<std::uint16_t> hx(x_count), hy(x_count);
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(hx.data(), x, x_count * 2, cudaMemcpyDeviceToHost, stream));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(hy.data(), y, x_count * 2, cudaMemcpyDeviceToHost, stream));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    double err = 0, norm = 0;
+    for (std::size_t i = 0; i < x_count; ++i) {
+      const double a = bf16_value(hx[i]), b = bf16_value(hy[i]);
+      err += (a - b) * (a - b);
+      norm += a * a;
+    }
+    out.max_rel_error = std::isfinite(err) ? std::sqrt(err / std::max(norm, 1e-30)) : INFINITY;
+    const Routing routing = layer.last_routing(stream, s.tokens);
+    const int local = s.experts / transport.world_size();
+    for (std::int32_t e : routing.expert) out.remote_rows += e / local != r;
+    out.rows = static_cast<std::int64_t>(routing.expert.size());
+    transport.host_barrier();  // frees only after every rank's last step
+  }
+  for (cudaEvent_t e : events.boundary) cudaEventDestroy(e);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(logits);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cuda::request_eager_module_loading();
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  int failures = 0;
+  try {
+    const double copy_gbps = device_copy_gbps();
+    std::printf("measured rate: device copy %.0f GB/s (read + write)\n", copy_gbps);
+    if (json) std::fprintf(json, "{\"kind\":\"rates\",\"copy_gbps\":%.1f}\n", copy_gbps);
+    const std::vector<Shape> shapes = {
+        {"deepep", 4096, 7168, 256, 8}, {"mixtral", 4096, 4096, 8, 2}, {"decode", 128, 7168, 256, 8}};
+    const std::vector<int> world_sizes = quick ? std::vector<int>{4} : std::vector<int>{4, 8};
+    const int runs = quick ? 5 : 20;
+    std::printf("%-8s %5s %-7s %11s %11s %12s %12s %9s %s\n", "shape", "ranks", "path", "dispatch us", "combine us",
+                "disp GB/s/rk", "comb GB/s/rk", "rel err", "(remote share, how)");
+    for (const Shape& s : shapes) {
+      for (int n : world_sizes) {
+        if (s.experts % n != 0) continue;
+        MoeConfig config;
+        config.tokens = s.tokens;
+        config.hidden = s.hidden;
+        config.ffn_hidden = 256;  // unused: identity experts
+        config.num_experts = s.experts;
+        config.top_k = s.top_k;
+        config.renormalize = true;
+        for (cuda::DispatchPath path : {cuda::DispatchPath::Device, cuda::DispatchPath::Host}) {
+          cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n));
+          std::vector<RankTimes> times(static_cast<std::size_t>(n));
+          std::vector<std::string> errors(static_cast<std::size_t>(n));
+          std::string description;
+          std::vector<std::thread> threads;
+          const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+          for (int r = 0; r < n; ++r) {
+            threads.emplace_back([&, r] {
+              try {
+                run_rank(r, s, config, world.rank(r), path, runs, seed, times[static_cast<std::size_t>(r)], description);
+              } catch (const std::exception& e) {
+                errors[static_cast<std::size_t>(r)] = e.what();
+              }
+            });
+          }
+          for (auto& t : threads) t.join();
+          bool failed = false;
+          for (int r = 0; r < n; ++r) {
+            if (!errors[static_cast<std::size_t>(r)].empty()) {
+              std::printf("FAIL %s N=%d %s rank %d: %s\n", s.name, n, cuda::dispatch_path_name(path), r,
+                          errors[static_cast<std::size_t>(r)].c_str());
+              failed = true;
+            }
+          }
+          if (failed) {
+            ++failures;
+            continue;
+          }
+          // per run the step's stage time is its slowest rank's
+          std::vector<double> dispatch, combine;
+          for (int run = 0; run < runs; ++run) {
+            double d = 0, c = 0;
+            for (const RankTimes& t : times) {
+              d = std::max(d, t.dispatch_ms[static_cast<std::size_t>(run)]);
+              c = std::max(c, t.combine_ms[static_cast<std::size_t>(run)]);
+            }
+            dispatch.push_back(d);
+            combine.push_back(c);
+          }
+          std::int64_t rows = 0, remote = 0;
+          double err = 0;
+          for (const RankTimes& t : times) {
+            rows += t.rows;
+            remote += t.remote_rows;
+            err = std::max(err, t.max_rel_error);
+          }
+          const double bytes_per_rank = double(rows) / n * s.hidden * 2;
+          const double d_ms = median(dispatch), c_ms = median(combine);
+          const double d_gbps = bytes_per_rank / (d_ms * 1e-3) / 1e9, c_gbps = bytes_per_rank / (c_ms * 1e-3) / 1e9;
+          const bool ok = err < 1e-2;
+          if (!ok) ++failures;
+          std::printf("%-8s %5d %-7s %11.1f %11.1f %12.1f %12.1f %9.1e (%.0f%%, %s)%s\n", s.name, n, cuda::dispatch_path_name(path),
+                      d_ms * 1e3, c_ms * 1e3, d_gbps, c_gbps, err, 100.0 * double(remote) / double(std::max<std::int64_t>(rows, 1)),
+                      description.c_str(), ok ? "" : "  FAIL: output differs from the input");
+          if (json) {
+            std::fprintf(json,
+                         "{\"kind\":\"exchange\",\"shape\":\"%s\",\"tokens\":%d,\"hidden\":%d,\"experts\":%d,\"top_k\":%d,"
+                         "\"ranks\":%d,\"path\":\"%s\",\"dispatch_us\":%.2f,\"combine_us\":%.2f,\"dispatch_gbps_per_rank\":%.2f,"
+                         "\"combine_gbps_per_rank\":%.2f,\"bytes_per_rank\":%.0f,\"remote_share\":%.4f,\"rel_error\":%.3e,"
+                         "\"how\":\"%s\",\"runs\":%d}\n",
+                         s.name, s.tokens, s.hidden, s.experts, s.top_k, n, cuda::dispatch_path_name(path), d_ms * 1e3, c_ms * 1e3,
+                         d_gbps, c_gbps, bytes_per_rank, double(remote) / double(std::max<std::int64_t>(rows, 1)), err,
+                         description.c_str(), runs);
+            std::fflush(json);
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    ++failures;
+  }
+  if (json) std::fclose(json);
+  std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
+  return failures ? 1 : 0;
+}
