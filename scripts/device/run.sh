@@ -8,7 +8,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep cli-bench memcheck racecheck planned-sanitize ep-memcheck bench ep-bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck bench ep-bench torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -27,13 +27,35 @@ run_step() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/gpu.txt" 2>&1
 cat "$bin/COMMIT" >>"$out/gpu.txt" 2>/dev/null || true
+# a check that must fail with exit code 2 and say why
+expect_refusal() {
+  local name=$1 needle=$2
+  shift 2
+  echo "== $name (must be refused): $*" | tee -a "$log"
+  local text
+  text=$("$@" 2>&1)
+  local rc=$?
+  echo "$text" >>"$log"
+  if [ $rc -eq 2 ] && grep -qF -- "$needle" <<<"$text"; then
+    echo "== $name: refused as expected" | tee -a "$log"
+  else
+    echo "== $name: FAIL (exit $rc, expected 2 and '$needle')" | tee -a "$log"
+    status=1
+  fi
+}
+
+# NCCL's device API has no stable ABI: the binaries run against the NCCL they were built with
+# (2.28.9, which PyTorch carries here); the distribution's older one is first in ldconfig
+nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)/lib
+system_nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl.so.2 /{print $NF; exit}')
+
 for step in "${steps[@]}"; do
   case $step in
     gemm) run_step gemm "$bin/test_grouped_gemm" ;;
     planned) run_step planned "$bin/test_planned_gemm" ;;
     layer) run_step layer "$bin/test_moe_layer" ;;
     ep) run_step ep "$bin/test_ep_layer" ;;
-    ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small ;;
+    ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 30 ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     racecheck) run_step racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     planned-sanitize)
@@ -44,8 +66,23 @@ for step in "${steps[@]}"; do
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-ep)
-      run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4
+      run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4
       run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host ;;
+    nccl)
+      { echo "PyTorch's NCCL: $nccl_lib"; ls "$nccl_lib"; echo "ldconfig's: $system_nccl"; ls -l /usr/local/cuda/lib/libnccl* 2>&1; } >>"$log"
+      run_step nccl-launch env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n 1 -- \
+        "$bin/tilemoe" run --backend cuda --transport nccl --ranks 1
+      run_step nccl-launch-host env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n 1 -- \
+        "$bin/tilemoe" run --backend cuda --transport nccl --ranks 1 --dispatch host --tokens 300 --experts 16 --top-k 4
+      run_step nccl-mpirun env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" mpirun --allow-run-as-root -np 1 -x LD_LIBRARY_PATH \
+        -x NCCL_NVLS_ENABLE "$bin/tilemoe" run --backend cuda --transport nccl --ranks 1 --tokens 256 --hidden 1024 \
+        --ffn-hidden 1024 --experts 16 --top-k 4
+      [ -n "$system_nccl" ] && expect_refusal nccl-version "compiled against NCCL" env LD_LIBRARY_PATH="$(dirname "$system_nccl")" \
+        "$bin/tilemoe" run --backend cuda --transport nccl --ranks 1
+      expect_refusal nccl-multicast "NCCL_NVLS_ENABLE=1" env NCCL_NVLS_ENABLE=1 LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" \
+        "$bin/tilemoe" run --backend cuda --transport nccl --ranks 1
+      expect_refusal nccl-world-size "started 1 process" env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" \
+        "$bin/tilemoe" run --backend cuda --transport nccl --ranks 2 ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;

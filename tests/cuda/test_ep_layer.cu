@@ -33,6 +33,7 @@ namespace {
 
 int failures = 0;
 std::mutex print_mutex;
+std::chrono::milliseconds world_timeout{10000};  // --timeout-s (longer under compute-sanitizer)
 
 void expect(bool ok, const std::string& what) {
   std::lock_guard lock(print_mutex);
@@ -121,7 +122,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   MoeConfig config = world.layer;
   config.tokens = c.tokens;
 
-  cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks));
+  cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks), 0, {world_timeout});
   const auto n = static_cast<std::size_t>(c.ranks);
   std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n);
   std::vector<Routing> routing(n);
@@ -139,8 +140,12 @@ void run_case(const Case& c, std::uint64_t seed) {
         layer.forward(b.stream, b.input, b.logits, b.output, T);
         layer.check(b.stream);
         (run == 0 ? device_out : second_out)[ri] = b.read(T, c.hidden);
+        // all ranks have read back before any starts the next step: compute-sanitizer makes
+        // copies wait for the whole device, including a peer's next step waiting for this rank
+        transport.host_barrier();
       }
       routing[ri] = layer.last_routing(b.stream, T);
+      transport.host_barrier();
       // the device path has no host synchronisation: a whole step captured in a graph
       cudaGraph_t graph;
       cudaGraphExec_t exec;
@@ -157,6 +162,7 @@ void run_case(const Case& c, std::uint64_t seed) {
       TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, b.stream));
       layer.check(b.stream);
       graph_out[ri] = b.read(T, c.hidden);
+      transport.host_barrier();
       TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
       TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
       transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
@@ -272,9 +278,13 @@ void bad_input_is_refused() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --small: small cases only, for compute-sanitizer
+  // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound
   cuda::request_eager_module_loading();
-  const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
+  bool small = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--small")) small = true;
+    if (!std::strcmp(argv[i], "--timeout-s") && i + 1 < argc) world_timeout = std::chrono::milliseconds(std::atol(argv[++i]) * 1000);
+  }
   cudaDeviceProp prop;
   if (!sm90_device_or_skip(prop, "the expert-parallel layer test")) return 77;
   try {

@@ -3,13 +3,17 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "exec/cuda/cuda_check.hpp"
 #include "exec/cuda/device_array.hpp"
 #include "exec/cuda/layer_timing.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
+#include "launch/launch_env.hpp"
+#include "launch/rendezvous.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
+#include "tilemoe/cuda/nccl_world.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 
@@ -25,11 +29,12 @@ void require_device() {
   }
 }
 
-// One rank's step on virtual ranks: its own thread, its own non-blocking stream (the ranks'
-// kernels wait for each other), its buffers allocated before and freed after the world's
-// forwards (cudaFree synchronises the whole device).
-void run_virtual_rank(const PreparedStep& step, const MoeConfig& layer, cuda::RankTransport& transport,
-                      const cuda::EpMoeLayerOptions& options, CudaStepOutput& result, double& forward_ms) {
+// One rank's step: its own non-blocking stream (with virtual ranks the ranks' kernels wait for
+// each other), its buffers allocated before and freed after the world's forwards (cudaFree
+// synchronises the whole device). Fills outputs[rank] and routing[rank] of `result`.
+void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankTransport& transport,
+                   const cuda::EpMoeLayerOptions& options, const std::string& how, CudaStepOutput& result,
+                   double& forward_ms) {
   const int r = transport.rank();
   const auto ri = static_cast<std::size_t>(r);
   const std::int64_t tokens = step.world.tokens_per_rank[ri];
@@ -48,7 +53,7 @@ void run_virtual_rank(const PreparedStep& step, const MoeConfig& layer, cuda::Ra
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(l.data(), step.logits[ri].data(), step.logits[ri].size() * 4, cudaMemcpyHostToDevice, stream));
     TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     cuda::EpMoeLayer ep(layer, step.weights, transport, options);
-    if (r == 0) result.description = std::to_string(step.world.world_size()) + " virtual ranks, " + ep.description();
+    if (r == 0) result.description = how + ", " + ep.description();
     for (int run = 0; run < 2; ++run) {  // the first is the warm-up
       TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));  // NaN poison
       TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
@@ -73,10 +78,13 @@ void run_virtual_rank(const PreparedStep& step, const MoeConfig& layer, cuda::Ra
   cudaStreamDestroy(stream);
 }
 
-CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions& options) {
-  const int ranks = step.world.world_size();
-  MoeConfig layer = step.world.layer;
-  layer.tokens = *std::max_element(step.world.tokens_per_rank.begin(), step.world.tokens_per_rank.end());
+MoeConfig largest_rank_layer(const EpWorld& world) {
+  MoeConfig layer = world.layer;
+  layer.tokens = *std::max_element(world.tokens_per_rank.begin(), world.tokens_per_rank.end());
+  return layer;
+}
+
+cuda::EpMoeLayerOptions ep_layer_options(const CudaStepOptions& options) {
   cuda::EpMoeLayerOptions ep_options;
   if (options.dispatch == "device") {
     ep_options.dispatch = cuda::DispatchPath::Device;
@@ -85,6 +93,13 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   } else {
     throw_bad_input("unknown --dispatch '" + options.dispatch + "': use device or host");
   }
+  return ep_options;
+}
+
+CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions& options) {
+  const int ranks = step.world.world_size();
+  const MoeConfig layer = largest_rank_layer(step.world);
+  const cuda::EpMoeLayerOptions ep_options = ep_layer_options(options);
   cuda::VirtualWorldOptions world_options;
   world_options.timeout = std::chrono::milliseconds(options.timeout_ms);
   world_options.link_gbps = options.link_gbps;
@@ -98,7 +113,8 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        run_virtual_rank(step, layer, world.rank(r), ep_options, result, forward_ms[static_cast<std::size_t>(r)]);
+        run_rank_step(step, layer, world.rank(r), ep_options, std::to_string(ranks) + " virtual ranks", result,
+                      forward_ms[static_cast<std::size_t>(r)]);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
@@ -122,10 +138,88 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   return result;
 }
 
+// What a rank shares with the others after its step, so that every rank checks the whole
+// world: its forward time, routing (expert ids, weights) and output.
+std::vector<std::byte> pack_rank_result(double forward_ms, const Routing& routing, const Matrix& output) {
+  std::vector<std::byte> bytes(sizeof(double) + routing.expert.size() * 8 + output.data.size());
+  std::byte* at = bytes.data();
+  std::memcpy(at, &forward_ms, sizeof forward_ms);
+  at += sizeof forward_ms;
+  std::memcpy(at, routing.expert.data(), routing.expert.size() * 4);
+  at += routing.expert.size() * 4;
+  std::memcpy(at, routing.weight.data(), routing.weight.size() * 4);
+  at += routing.weight.size() * 4;
+  std::memcpy(at, output.data.data(), output.data.size());
+  return bytes;
+}
+
+// One rank of a multi-process world (one process per GPU, started by a launcher).
+CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& options) {
+  const launch::LaunchEnv env = launch::launch_env();
+  const int ranks = step.world.world_size();
+  if (env.world_size != ranks) {
+    throw_bad_input("--transport nccl runs one rank per process: --ranks is " + std::to_string(ranks) + " but " + env.source +
+                    " started " + std::to_string(env.world_size) + " process(es) (e.g. tilemoe launch -n " + std::to_string(ranks) +
+                    " -- tilemoe run ...)");
+  }
+  int devices = 0;
+  TILEMOE_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (env.local_size > devices) {
+    throw_bad_input(std::to_string(env.local_size) + " ranks on this node but " + std::to_string(devices) +
+                    " GPU(s): NCCL needs one GPU per rank (virtual ranks share one: --transport virtual)");
+  }
+  cuda::NcclWorld::check_environment();  // before anything starts NCCL
+  const MoeConfig layer = largest_rank_layer(step.world);
+  const cuda::EpMoeLayerOptions ep_options = ep_layer_options(options);
+  const auto timeout = std::chrono::milliseconds(options.timeout_ms);
+  launch::Rendezvous rendezvous(env, env.rendezvous, timeout);
+  cuda::NcclWorld world(rendezvous, cuda::EpMoeLayer::region_bytes(layer, ranks), env.local_rank, {timeout});
+  CudaStepOutput result;
+  result.outputs.resize(static_cast<std::size_t>(ranks));
+  result.routing.resize(static_cast<std::size_t>(ranks));
+  double forward_ms = 0;
+  const std::string how = std::to_string(ranks) + " rank(s) through NCCL " + cuda::NcclWorld::loaded_version() + " (" + env.source + ")";
+  run_rank_step(step, layer, world.transport(), ep_options, how, result, forward_ms);
+  const auto me = static_cast<std::size_t>(env.rank);
+  const auto shared = rendezvous.all_gather(pack_rank_result(forward_ms, result.routing[me], result.outputs[me]));
+  for (int r = 0; r < ranks; ++r) {
+    const auto ri = static_cast<std::size_t>(r);
+    const std::int64_t tokens = step.world.tokens_per_rank[ri];
+    Routing& routing = result.routing[ri];
+    routing.tokens = tokens;
+    routing.top_k = layer.top_k;
+    const auto slots = static_cast<std::size_t>(tokens * layer.top_k);
+    routing.expert.resize(slots);
+    routing.weight.resize(slots);
+    routing.kept.assign(slots, 1);
+    Matrix output(DType::BF16, tokens, layer.hidden);
+    const std::vector<std::byte>& bytes = shared[ri];
+    if (bytes.size() != sizeof(double) + slots * 8 + output.data.size()) {
+      throw_internal("rank " + std::to_string(r) + " shared a result of " + std::to_string(bytes.size()) + " bytes");
+    }
+    const std::byte* at = bytes.data();
+    double ms = 0;
+    std::memcpy(&ms, at, sizeof ms);
+    at += sizeof ms;
+    std::memcpy(routing.expert.data(), at, slots * 4);
+    at += slots * 4;
+    std::memcpy(routing.weight.data(), at, slots * 4);
+    at += slots * 4;
+    std::memcpy(output.data.data(), at, output.data.size());
+    result.outputs[ri] = std::move(output);
+    result.forward_ms = std::max(result.forward_ms, ms);
+  }
+  if (env.rank != 0) result.description = how;
+  result.quiet = env.rank != 0;
+  return result;
+}
+
 }  // namespace
 
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options) {
   require_device();
+  if (options.transport == "nccl") return run_nccl_rank(step, options);
+  if (options.transport != "virtual") throw_bad_input("unknown --transport '" + options.transport + "': use virtual or nccl");
   if (step.world.world_size() > 1) return run_virtual_ranks(step, options);
   const MoeConfig config = step.world.rank_config(0);
   cuda::MoeLayer layer(config, step.weights);

@@ -8,6 +8,9 @@
 namespace tilemoe::cli {
 
 struct CudaStepOptions {
+  // multi-rank: virtual (all ranks in this process, on its GPU) or nccl (this process is one
+  // rank of a world started by a launcher: tilemoe launch, mpirun, srun)
+  std::string transport = "virtual";
   std::string dispatch = "device";  // multi-rank: device (device-API kernels) or host (host-API all-to-all)
   double link_gbps = 0.0;           // virtual ranks: emulated outgoing link per rank, GB/s (0 = unpaced)
   std::int64_t timeout_ms = 30000;  // bound of every device and host wait
@@ -18,6 +21,7 @@ struct CudaStepOutput {
   std::vector<Routing> routing;  // the routing the GPU chose, to check the expert path on it
   double forward_ms = 0.0;       // one forward after a warm-up, CUDA events (the slowest rank)
   std::string description;       // how it ran: "1 rank" / "4 virtual ranks, device dispatch, ..."
+  bool quiet = false;            // a rank other than 0 of a multi-process world: rank 0 reports
 };
 
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options);
