@@ -46,7 +46,8 @@ expect_refusal() {
 
 # NCCL's device API has no stable ABI: the binaries run against the NCCL they were built with
 # (2.28.9, which PyTorch carries here); the distribution's older one is first in ldconfig
-nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null)/lib
+nccl_lib=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib
+[ -f "$nccl_lib/libnccl.so.2" ] || nccl_lib=$(dirname "$(find / -path '*nvidia/nccl/lib/libnccl.so.2' -print -quit 2>/dev/null)")
 system_nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl.so.2 /{print $NF; exit}')
 
 for step in "${steps[@]}"; do
@@ -69,7 +70,7 @@ for step in "${steps[@]}"; do
       run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4
       run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host ;;
     nccl)
-      { echo "PyTorch's NCCL: $nccl_lib"; ls "$nccl_lib"; echo "ldconfig's: $system_nccl"; ls -l /usr/local/cuda/lib/libnccl* 2>&1; } >>"$log"
+      { echo "PyTorch's NCCL: $nccl_lib"; ls -l "$nccl_lib"; echo "ldconfig's: $system_nccl"; ls -l /usr/local/cuda/lib/libnccl* 2>&1; } >>"$log"
       run_step nccl-launch env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n 1 -- \
         "$bin/tilemoe" run --backend cuda --transport nccl --ranks 1
       run_step nccl-launch-host env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n 1 -- \
