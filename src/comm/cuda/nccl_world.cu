@@ -30,8 +30,10 @@ class NcclCalls {
   NcclCalls(int rank, std::chrono::milliseconds timeout) : rank_(rank), timeout_(timeout) {}
   void set_comm(ncclComm_t comm) { comm_ = comm; }
 
+  // A call on a non-blocking communicator may return ncclSuccess or ncclInProgress while the
+  // communicator is still busy with it: it is done only when the communicator's state says so.
   void operator()(ncclResult_t result, const char* what) const {
-    if (result == ncclInProgress && comm_ != nullptr) result = wait_done(what);
+    if ((result == ncclSuccess || result == ncclInProgress) && comm_ != nullptr) result = wait_done(what);
     if (result != ncclSuccess) fail(result, what);
   }
 
