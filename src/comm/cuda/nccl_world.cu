@@ -36,6 +36,10 @@ class NcclCalls {
     if ((result == ncclSuccess || result == ncclInProgress) && comm_ != nullptr) result = wait_done(what);
     if (result != ncclSuccess) fail(result, what);
   }
+  // Calls inside ncclGroupStart/End only queue: the group's end is what completes.
+  void queued(ncclResult_t result, const char* what) const {
+    if (result != ncclSuccess && result != ncclInProgress) fail(result, what);
+  }
 
  private:
   ncclResult_t wait_done(const char* what) const {
@@ -156,13 +160,13 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
     }
     const auto* source = static_cast<const char*>(send);
     auto* target = static_cast<char*>(recv);
-    call(ncclGroupStart(), "ncclGroupStart");
+    call.queued(ncclGroupStart(), "ncclGroupStart");
     for (std::size_t p = 0; p < n; ++p) {
       if (send_bytes[p] > 0) {
-        call(ncclSend(source + send_offset[p], send_bytes[p], ncclChar, static_cast<int>(p), comm, stream), "ncclSend");
+        call.queued(ncclSend(source + send_offset[p], send_bytes[p], ncclChar, static_cast<int>(p), comm, stream), "ncclSend");
       }
       if (recv_bytes[p] > 0) {
-        call(ncclRecv(target + recv_offset[p], recv_bytes[p], ncclChar, static_cast<int>(p), comm, stream), "ncclRecv");
+        call.queued(ncclRecv(target + recv_offset[p], recv_bytes[p], ncclChar, static_cast<int>(p), comm, stream), "ncclRecv");
       }
     }
     call(ncclGroupEnd(), "the all-to-all (ncclGroupEnd)");
