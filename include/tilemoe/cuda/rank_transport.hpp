@@ -42,6 +42,12 @@ class RankTransport {
   // All ranks meet on the host; bounded by the world's timeout (a Timeout error names who is
   // missing where the implementation can tell).
   virtual void host_barrier() = 0;
+  // Waits for `stream`, at most `waits` times the world's timeout plus a second (the bound of
+  // that many device waits in a row, so that their own records, which name the stalled rank,
+  // win the race): a collective whose peer died would otherwise block the host forever. A
+  // Timeout error says what was awaited; the implementation stops its in-flight
+  // communication first where it can (NCCL: abort).
+  virtual void synchronize(cudaStream_t stream, const char* what, int waits = 1) = 0;
   // Throws what the device waits of this world recorded (the timed-out waits name the rank
   // that stalled); does nothing if all are clear. Call after the rank's stream is synchronised.
   virtual void throw_if_failed() const = 0;

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/cuda/bounded_sync.hpp"
 #include "comm/cuda/device_transport.hpp"
 #include "exec/cuda/cuda_check.hpp"
 #include "launch/rendezvous.hpp"
@@ -107,7 +108,7 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
   ~Impl() override {
     if (readback) cudaStreamDestroy(readback);
     if (failure_copies) cudaFree(failure_copies);
-    if (comm == nullptr) {
+    if (comm == nullptr) {  // never made, or aborted after a peer failed
       if (region) ncclMemFree(region);
       return;
     }
@@ -136,6 +137,25 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
   const DeviceTransport& device_view() const override { return view; }
   HostExchange& host_exchange() override { return *this; }
   void host_barrier() override { rendezvous.barrier(); }
+
+  // A peer that died leaves NCCL's kernels waiting for it: after the timeout the communicator
+  // is aborted (which ends them) and the step fails naming what was awaited.
+  void synchronize(cudaStream_t stream, const char* what, int waits) override {
+    const auto bound = waits * options.timeout + std::chrono::milliseconds(1000);
+    const bool done = wait_for_stream(stream, bound, [&] {
+      ncclResult_t state = ncclSuccess;
+      if (ncclCommGetAsyncError(comm, &state) == ncclSuccess && state != ncclSuccess && state != ncclInProgress) {
+        throw_internal("rank " + std::to_string(rank()) + ": NCCL failed while waiting for " + what + ": " + ncclGetErrorString(state));
+      }
+    });
+    if (!done) {
+      ncclCommAbort(comm);
+      comm = nullptr;
+      call.set_comm(nullptr);
+      throw Error(ErrorKind::Timeout, "rank " + std::to_string(rank()) + " waited " + std::to_string(bound.count()) +
+                                          " ms for " + what + ": a peer rank stalled or died (the NCCL communicator was aborted)");
+    }
+  }
 
   void throw_if_failed() const override {
     std::vector<comm::WaitFailure> records(static_cast<std::size_t>(view.world));

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/cuda/bounded_sync.hpp"
 #include "comm/cuda/device_transport.hpp"
 #include "comm/timed_barrier.hpp"
 #include "exec/cuda/cuda_check.hpp"
@@ -72,6 +73,14 @@ class VirtualRank final : public RankTransport, public HostExchange {
   HostExchange& host_exchange() override { return *this; }
 
   void host_barrier() override { world_.barrier.arrive_and_wait(rank_, "a host barrier of the virtual world"); }
+
+  void synchronize(cudaStream_t stream, const char* what, int waits) override {
+    const auto bound = waits * world_.options.timeout + std::chrono::milliseconds(1000);
+    if (!wait_for_stream(stream, bound)) {
+      throw Error(ErrorKind::Timeout, "rank " + std::to_string(rank_) + " waited " + std::to_string(bound.count()) +
+                                          " ms for " + what + ": a peer rank stalled");
+    }
+  }
 
   void throw_if_failed() const override {
     std::vector<comm::WaitFailure> records(static_cast<std::size_t>(world_.ranks));

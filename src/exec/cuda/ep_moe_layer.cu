@@ -243,7 +243,7 @@ void EpMoeLayer::Impl::host_dispatch(cudaStream_t stream, int /*tokens*/) {
   exchange.all_gather(stream, row_offset.data(), E + 1, gathered.data());
   TILEMOE_CUDA_CHECK(cudaMemcpyAsync(host_gathered->data(), gathered.data(), static_cast<std::size_t>(N * (E + 1)) * sizeof(int),
                                      cudaMemcpyDeviceToHost, stream));
-  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host-sync on counts that defines this path
+  transport->synchronize(stream, "the gathered dispatch counts");  // the host sync on counts that defines this path
   const PinnedArray<int>& g = *host_gathered;
   auto offset_of = [&](int q, int x) { return g[static_cast<std::size_t>(q * (E + 1) + x)]; };
   auto count_of = [&](int q, int x) { return offset_of(q, x + 1) - offset_of(q, x); };
@@ -384,7 +384,7 @@ void EpMoeLayer::check(cudaStream_t stream) {
   Impl& m = *impl_;
   TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
   try {
-    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    m.transport->synchronize(stream, "the end of the step", 3);  // dispatch counts, rows, combine
     m.transport->throw_if_failed();
   } catch (...) {
     m.failed = true;
