@@ -81,7 +81,7 @@ float bf16_value(std::uint16_t bits) {
 
 void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTransport& transport, cuda::DispatchPath path,
               int runs, std::uint64_t seed, RankTimes& out, std::string& description) {
-  TILEMOE_CUDA_CHECK(cudaSetDevice(0));
+  transport.bind_thread();
   const std::size_t x_count = static_cast<std::size_t>(s.tokens) * s.hidden;
   cudaStream_t stream;
   TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -150,15 +150,20 @@ int main(int argc, char** argv) {
   cuda::request_eager_module_loading();
   std::string json_path;
   bool quick = false;
+  double link_gbps = 0;  // --link-gbps G: pace each rank's exchange to G GB/s (the device path only)
+  int sms_per_rank = 0;  // --sms-per-rank S: each rank on its own partition of S SMs
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--link-gbps") && i + 1 < argc) link_gbps = std::atof(argv[++i]);
+    if (!std::strcmp(argv[i], "--sms-per-rank") && i + 1 < argc) sms_per_rank = std::atoi(argv[++i]);
   }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   int failures = 0;
   try {
     const double copy_gbps = device_copy_gbps();
-    std::printf("measured rate: device copy %.0f GB/s (read + write)\n", copy_gbps);
+    std::printf("measured rate: device copy %.0f GB/s (read + write)%s\n", copy_gbps,
+                link_gbps > 0 ? (", links paced to " + std::to_string(link_gbps) + " GB/s per rank").c_str() : "");
     if (json) std::fprintf(json, "{\"kind\":\"rates\",\"copy_gbps\":%.1f}\n", copy_gbps);
     const std::vector<Shape> shapes = {
         {"deepep", 4096, 7168, 256, 8}, {"mixtral", 4096, 4096, 8, 2}, {"decode", 128, 7168, 256, 8}};
@@ -177,7 +182,11 @@ int main(int argc, char** argv) {
         config.top_k = s.top_k;
         config.renormalize = true;
         for (cuda::DispatchPath path : {cuda::DispatchPath::Device, cuda::DispatchPath::Host}) {
-          cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n));
+          if (link_gbps > 0 && path == cuda::DispatchPath::Host) continue;  // cudaMemcpy is not paced
+          cuda::VirtualWorldOptions world_options;
+          world_options.link_gbps = link_gbps;
+          world_options.sms_per_rank = sms_per_rank;
+          cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n), 0, world_options);
           std::vector<RankTimes> times(static_cast<std::size_t>(n));
           std::vector<std::string> errors(static_cast<std::size_t>(n));
           std::string description;
@@ -236,10 +245,10 @@ int main(int argc, char** argv) {
                          "{\"kind\":\"exchange\",\"shape\":\"%s\",\"tokens\":%d,\"hidden\":%d,\"experts\":%d,\"top_k\":%d,"
                          "\"ranks\":%d,\"path\":\"%s\",\"dispatch_us\":%.2f,\"combine_us\":%.2f,\"dispatch_gbps_per_rank\":%.2f,"
                          "\"combine_gbps_per_rank\":%.2f,\"bytes_per_rank\":%.0f,\"remote_share\":%.4f,\"rel_error\":%.3e,"
-                         "\"how\":\"%s\",\"runs\":%d}\n",
+                         "\"how\":\"%s\",\"runs\":%d,\"link_gbps\":%.1f,\"sms_per_rank\":%d}\n",
                          s.name, s.tokens, s.hidden, s.experts, s.top_k, n, cuda::dispatch_path_name(path), d_ms * 1e3, c_ms * 1e3,
                          d_gbps, c_gbps, bytes_per_rank, double(remote) / double(std::max<std::int64_t>(rows, 1)), err,
-                         description.c_str(), runs);
+                         description.c_str(), runs, link_gbps, sms_per_rank);
             std::fflush(json);
           }
         }

@@ -64,10 +64,14 @@ for step in "${steps[@]}"; do
       run_step planned-racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;
     bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
     ep-bench) run_step ep-bench "$bin/ep_exchange_bench" --json "$out/ep_bench.json" ;;
+    ep-bench-link)
+      run_step ep-bench-link "$bin/ep_exchange_bench" --quick --link-gbps 100 --json "$out/ep_bench_link.json"
+      run_step ep-bench-partitions "$bin/ep_exchange_bench" --quick --sms-per-rank 32 --json "$out/ep_bench_partitions.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-ep)
       run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4
+      run_step cli-ep-partitions "$bin/tilemoe" run --backend cuda --ranks 4 --sms-per-rank 32 --link-gbps 50
       run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host ;;
     nccl)
       { echo "PyTorch's NCCL: $nccl_lib"; ls -l "$nccl_lib"; echo "ldconfig's: $system_nccl"; ls -l /usr/local/cuda/lib/libnccl* 2>&1; } >>"$log"

@@ -48,6 +48,7 @@ struct Case {
   RoutingPattern pattern = RoutingPattern::Balanced;
   bool renormalize = false;
   bool zero_token_rank = false;  // the last rank forwards no tokens
+  int sms_per_rank = 0;          // > 0: every rank on its own SM partition (green contexts)
 };
 
 // One rank's device buffers, allocated before and freed after the world's forwards (cudaFree
@@ -122,7 +123,11 @@ void run_case(const Case& c, std::uint64_t seed) {
   MoeConfig config = world.layer;
   config.tokens = c.tokens;
 
-  cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks), 0, {world_timeout});
+  cuda::VirtualWorldOptions world_options;
+  world_options.timeout = world_timeout;
+  world_options.sms_per_rank = c.sms_per_rank;
+  cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks), 0, world_options);
+  if (c.sms_per_rank > 0) std::printf("  SM partitions of %d SMs\n", vw.rank(0).sm_count());
   const auto n = static_cast<std::size_t>(c.ranks);
   std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n);
   std::vector<Routing> routing(n);
@@ -130,8 +135,9 @@ void run_case(const Case& c, std::uint64_t seed) {
   on_every_rank(c.ranks, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const std::int64_t T = world.tokens_per_rank[ri];
-    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden);
     cuda::RankTransport& transport = vw.rank(r);
+    transport.bind_thread();  // before its stream exists: with partitions the stream is the partition's
+    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden);
     {
       cuda::EpMoeLayer layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Device});
       description[ri] = layer.description();
@@ -299,6 +305,11 @@ int main(int argc, char** argv) {
         {"four ranks, mixtral-like", 4, 256, 1024, 1792, 8, 2},
         {"two ranks, hidden 8", 2, 7, 8, 8, 4, 2},
     };
+    // last: a driver without usable green contexts would fail these, and nothing else
+    const std::vector<Case> partitioned = {
+        {"four ranks on SM partitions", 4, 256, 512, 1024, 16, 4, RoutingPattern::Balanced, false, false, 24},
+        {"eight ranks on SM partitions", 8, 128, 256, 512, 16, 2, RoutingPattern::Skewed, false, false, 16},
+    };
     std::uint64_t n = 0;
     for (const Case& c : cases) {
       ++n;
@@ -308,6 +319,11 @@ int main(int argc, char** argv) {
     silent_rank_times_out(4, 2);
     if (!small) silent_rank_times_out(8, 7);
     bad_input_is_refused();
+    for (const Case& c : partitioned) {
+      ++n;
+      if (small && c.ranks > 4) continue;
+      run_case(c, seed + 1000 * n);
+    }
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

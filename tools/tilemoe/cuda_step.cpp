@@ -39,7 +39,7 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
   const auto ri = static_cast<std::size_t>(r);
   const std::int64_t tokens = step.world.tokens_per_rank[ri];
   const Matrix& input = step.inputs[ri];
-  TILEMOE_CUDA_CHECK(cudaSetDevice(transport.device()));
+  transport.bind_thread();  // before the stream exists: with SM partitions it is the partition's
   cudaStream_t stream;
   TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t start, end;
@@ -103,6 +103,7 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   cuda::VirtualWorldOptions world_options;
   world_options.timeout = std::chrono::milliseconds(options.timeout_ms);
   world_options.link_gbps = options.link_gbps;
+  world_options.sms_per_rank = options.sms_per_rank;
   cuda::VirtualWorld world(ranks, cuda::EpMoeLayer::region_bytes(layer, ranks), 0, world_options);
   CudaStepOutput result;
   result.outputs.resize(static_cast<std::size_t>(ranks));

@@ -37,6 +37,7 @@ struct RunOptions {
   std::string transport = "virtual";  // --backend cuda, several ranks
   std::string dispatch = "device";    // --backend cuda, several ranks
   double link_gbps = 0.0;           // --backend cuda, virtual ranks
+  int sms_per_rank = 0;             // --backend cuda, virtual ranks
 };
 
 struct StrategyResult {
@@ -61,6 +62,7 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
   cuda_options.transport = options.transport;
   cuda_options.dispatch = options.dispatch;
   cuda_options.link_gbps = options.link_gbps;
+  cuda_options.sms_per_rank = options.sms_per_rank;
   cuda_options.timeout_ms = options.timeout_ms;
   const CudaStepOutput gpu = run_cuda_step(step, cuda_options);
   const auto plans = compile_plan(Strategy::Sequential, step.world, gpu.routing, options.step.plan);
@@ -104,8 +106,10 @@ int run(const RunOptions& options) {
     throw_bad_input("unknown backend '" + options.backend + "': use cpu or cuda");
   }
   if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
-  if (options.backend == "cpu" && (options.link_gbps != 0.0 || options.dispatch != "device" || options.transport != "virtual")) {
-    throw_bad_input("--transport, --dispatch and --link-gbps are options of --backend cuda; the CPU engine's link is --link-mbps");
+  if (options.backend == "cpu" &&
+      (options.link_gbps != 0.0 || options.dispatch != "device" || options.transport != "virtual" || options.sms_per_rank != 0)) {
+    throw_bad_input("--transport, --dispatch, --sms-per-rank and --link-gbps are options of --backend cuda; the CPU engine's link is "
+                    "--link-mbps");
   }
   const PreparedStep step = prepare_step(options.step);
   if (options.backend == "cuda") return run_cuda(options, step);
@@ -224,6 +228,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
                       "cuda, several ranks: virtual (all ranks on this GPU) or nccl (one process per rank: tilemoe launch, mpirun, srun)")
       ->capture_default_str();
   command->add_option("--dispatch", options->dispatch, "cuda, several ranks: device (device-API kernels) or host (host-API all-to-all)")
+      ->capture_default_str();
+  command->add_option("--sms-per-rank", options->sms_per_rank,
+                      "cuda, virtual ranks: each rank on its own partition of this many SMs (green contexts; 0 = share the GPU)")
       ->capture_default_str();
   command->add_option("--link-gbps", options->link_gbps, "cuda, virtual ranks: emulated outgoing link of each rank, GB/s (0 = unpaced)")
       ->capture_default_str();

@@ -34,9 +34,17 @@ class RankTransport {
   virtual int world_size() const = 0;
   virtual int device() const = 0;
   virtual std::size_t region_bytes() const = 0;
-  // How many ranks of this world share this rank's GPU: the exchange kernels of all of them
-  // must fit on it at once (they wait for each other).
+  // How many ranks of this world share this rank's GPU (and so its CUDA context and legacy
+  // stream: ranks sharing a GPU need non-blocking streams).
   virtual int ranks_per_device() const = 0;
+  // The SMs this rank's kernels run on, and how many ranks' kernels share them: the exchange
+  // kernels of all those ranks must be resident at once (they wait for each other).
+  virtual int sm_count() const = 0;
+  virtual int ranks_sharing_sms() const = 0;
+  // Binds the calling host thread to this rank's GPU, and to its SM partition if the world has
+  // them: call it first in the thread that drives the rank; streams the thread creates
+  // afterwards run on the rank's SMs.
+  virtual void bind_thread() = 0;
   virtual const DeviceTransport& device_view() const = 0;
   virtual HostExchange& host_exchange() = 0;
   // All ranks meet on the host; bounded by the world's timeout (a Timeout error names who is

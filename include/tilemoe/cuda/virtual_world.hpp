@@ -16,11 +16,16 @@ namespace tilemoe::cuda {
 struct VirtualWorldOptions {
   std::chrono::milliseconds timeout{10000};  // bound of every device and host wait
   double link_gbps = 0.0;                    // per-rank outgoing bandwidth, GB/s; 0 = unpaced
+  // > 0: each rank gets its own partition of at least this many SMs (CUDA green contexts), as
+  // if it had a GPU of its own; its thread enters it with RankTransport::bind_thread().
+  // 0: all ranks share the whole GPU.
+  int sms_per_rank = 0;
 };
 
 class VirtualWorld {
  public:
   // `region_bytes` per rank (EpMoeLayer::region_bytes says how much a layer needs); zeroed.
+  // Needs eager module loading (include/tilemoe/cuda/module_loading.hpp): bad input otherwise.
   VirtualWorld(int ranks, std::size_t region_bytes, int device = 0, VirtualWorldOptions options = {});
   ~VirtualWorld();
   VirtualWorld(const VirtualWorld&) = delete;

@@ -134,6 +134,13 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
   int device() const override { return gpu; }
   std::size_t region_bytes() const override { return bytes; }
   int ranks_per_device() const override { return 1; }
+  int sm_count() const override {
+    int sms = 0;
+    TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, gpu));
+    return sms;
+  }
+  int ranks_sharing_sms() const override { return 1; }
+  void bind_thread() override { TILEMOE_CUDA_CHECK(cudaSetDevice(gpu)); }
   const DeviceTransport& device_view() const override { return view; }
   HostExchange& host_exchange() override { return *this; }
   void host_barrier() override { rendezvous.barrier(); }

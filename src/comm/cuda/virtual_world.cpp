@@ -6,8 +6,10 @@
 
 #include "comm/cuda/bounded_sync.hpp"
 #include "comm/cuda/device_transport.hpp"
+#include "comm/cuda/sm_partitions.hpp"
 #include "comm/timed_barrier.hpp"
 #include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {
@@ -33,6 +35,8 @@ struct SharedWorld {
   std::byte* base = nullptr;
   comm::TimedBarrier barrier;
   std::vector<Published> published;
+  std::unique_ptr<SmPartitions> partitions;  // when each rank has its own SMs
+  int device_sms = 0;
 
   SharedWorld(int n, std::chrono::milliseconds timeout) : barrier(n, timeout), published(static_cast<std::size_t>(n)) {}
 };
@@ -69,6 +73,15 @@ class VirtualRank final : public RankTransport, public HostExchange {
   int device() const override { return world_.device; }
   std::size_t region_bytes() const override { return world_.region_bytes; }
   int ranks_per_device() const override { return world_.ranks; }
+  int sm_count() const override { return world_.partitions ? world_.partitions->sms(rank_) : world_.device_sms; }
+  int ranks_sharing_sms() const override { return world_.partitions ? 1 : world_.ranks; }
+  void bind_thread() override {
+    if (world_.partitions) {
+      world_.partitions->enter(rank_);
+    } else {
+      TILEMOE_CUDA_CHECK(cudaSetDevice(world_.device));
+    }
+  }
   const DeviceTransport& device_view() const override { return view_; }
   HostExchange& host_exchange() override { return *this; }
 
@@ -179,6 +192,7 @@ VirtualWorld::VirtualWorld(int ranks, std::size_t region_bytes, int device, Virt
   }
   if (options.timeout.count() <= 0) throw_bad_input("virtual ranks: the timeout must be positive");
   if (options.link_gbps < 0.0) throw_bad_input("virtual ranks: the link bandwidth must not be negative");
+  if (options.sms_per_rank < 0) throw_bad_input("virtual ranks: SMs per rank must not be negative (0 = share the GPU)");
   impl_ = std::make_unique<Impl>(ranks, options.timeout);
   Impl& m = *impl_;
   m.ranks = ranks;
@@ -186,6 +200,12 @@ VirtualWorld::VirtualWorld(int ranks, std::size_t region_bytes, int device, Virt
   m.device = device;
   m.options = options;
   TILEMOE_CUDA_CHECK(cudaSetDevice(device));
+  if (lazy_module_loading()) {
+    throw_bad_input("virtual ranks need CUDA_MODULE_LOADING=EAGER in the environment (before CUDA starts): with lazy loading a "
+                    "kernel's first launch can wait for the peers' kernels that wait for it");
+  }
+  TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&m.device_sms, cudaDevAttrMultiProcessorCount, device));
+  if (options.sms_per_rank > 0) m.partitions = std::make_unique<SmPartitions>(device, ranks, options.sms_per_rank);
   const std::size_t total = region_bytes * static_cast<std::size_t>(ranks);
   TILEMOE_CUDA_CHECK(cudaMalloc(&m.base, total));
   try {

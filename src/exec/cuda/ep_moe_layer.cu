@@ -4,6 +4,7 @@
 #include <climits>
 #include <vector>
 
+#include "current_device.hpp"
 #include "comm/cuda/device_transport.hpp"
 #include "cuda_check.hpp"
 #include "device_array.hpp"
@@ -116,14 +117,12 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   if (layout.receive_capacity > INT_MAX / 2 || c.tokens * c.top_k > INT_MAX / 2) {
     throw_bad_input("too many rows per rank for the exchange: " + std::to_string(layout.receive_capacity));
   }
-  TILEMOE_CUDA_CHECK(cudaSetDevice(device));
+  use_device(device);
 
   // the exchange kernels of every rank on this GPU must be resident together
-  int sms = 0;
-  TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int resident = ep_exchange_ctas_per_sm(world, static_cast<int>(c.num_experts)) * sms;
-  const int sharing = t.ranks_per_device();
-  if (sharing > 1 && lazy_module_loading()) {
+  const int resident = ep_exchange_ctas_per_sm(world, static_cast<int>(c.num_experts)) * t.sm_count();
+  const int sharing = t.ranks_sharing_sms();
+  if (t.ranks_per_device() > 1 && lazy_module_loading()) {
     throw_bad_input("ranks sharing a GPU need CUDA_MODULE_LOADING=EAGER in the environment (before CUDA starts): with lazy "
                     "loading a kernel's first launch can wait for the peers' kernels that wait for it");
   }
@@ -132,7 +131,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   if (o.exchange_ctas_per_peer > 0) {
     if (o.exchange_ctas_per_peer > fit) {
       throw_bad_input(std::to_string(o.exchange_ctas_per_peer) + " exchange CTAs per peer do not fit: " + std::to_string(sharing) +
-                      " rank(s) on this GPU x " + std::to_string(world) + " peers must be resident at once, at most " +
+                      " rank(s) on these " + std::to_string(t.sm_count()) + " SMs x " + std::to_string(world) +
+                      " peers must be resident at once, at most " +
                       std::to_string(fit) + " each");
     }
     ctas_per_peer = o.exchange_ctas_per_peer;
@@ -318,7 +318,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
   for (const void* p : {static_cast<const void*>(input), static_cast<const void*>(output)}) {
     if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
   }
-  TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
+  use_device(m.device);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TILEMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone && m.options.dispatch == DispatchPath::Host) {
@@ -382,7 +382,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
 
 void EpMoeLayer::check(cudaStream_t stream) {
   Impl& m = *impl_;
-  TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
+  use_device(m.device);
   try {
     m.transport->synchronize(stream, "the end of the step", 3);  // dispatch counts, rows, combine
     m.transport->throw_if_failed();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "current_device.hpp"
 #include "cuda_check.hpp"
 #include "grouped_gemm.hpp"
 #include "moe_kernels.hpp"
@@ -63,7 +64,7 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   m.gelu = layer.activation == Activation::GELU;
   const std::int64_t H = layer.hidden, F = layer.ffn_hidden;
   m.gemm0_n = m.gelu ? F : 2 * F;
-  TILEMOE_CUDA_CHECK(cudaSetDevice(device));
+  use_device(device);
   w0_ = DeviceArray<__nv_bfloat16>(static_cast<std::size_t>(experts * m.gemm0_n * H));
   w2_ = DeviceArray<__nv_bfloat16>(static_cast<std::size_t>(experts * H * F));
   const auto row_room = static_cast<std::size_t>(max_rows > 0 ? max_rows : 1);
@@ -120,7 +121,7 @@ void ExpertFfn::upload(const ExpertWeights& weights) {
       }
     }
   }
-  TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
+  use_device(m.device);
   TILEMOE_CUDA_CHECK(cudaMemcpy(w0_.data(), w0.data(), w0.size() * 2, cudaMemcpyHostToDevice));
   TILEMOE_CUDA_CHECK(cudaMemcpy(w2_.data(), w2.data(), w2.size() * 2, cudaMemcpyHostToDevice));
 }
@@ -128,7 +129,7 @@ void ExpertFfn::upload(const ExpertWeights& weights) {
 void ExpertFfn::draw(std::uint64_t seed) {
   const Impl& m = *impl_;
   const std::int64_t H = m.layer.hidden, F = m.layer.ffn_hidden;
-  TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
+  use_device(m.device);
   launch_random_bf16(nullptr, w0_.data(), w0_.count(), seed, std::sqrt(3.0f / static_cast<float>(H)),
                      static_cast<std::uint64_t>(m.first * m.gemm0_n * H));
   launch_random_bf16(nullptr, w2_.data(), w2_.count(), seed + 1, std::sqrt(3.0f / static_cast<float>(F)),

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "current_device.hpp"
 #include "cuda_check.hpp"
 #include "device_array.hpp"
 #include "expert_ffn.hpp"
@@ -41,7 +42,7 @@ void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   config = c;
   device = dev;
   options = opts;
-  TILEMOE_CUDA_CHECK(cudaSetDevice(device));
+  use_device(device);
   const std::int64_t E = c.num_experts, H = c.hidden;
   const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
   const std::size_t slot_room = slots > 0 ? slots : 1;
@@ -86,7 +87,7 @@ void MoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const fl
   for (const void* p : {static_cast<const void*>(input), static_cast<const void*>(output)}) {
     if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
   }
-  TILEMOE_CUDA_CHECK(cudaSetDevice(m.device));
+  use_device(m.device);
   const int T = static_cast<int>(tokens), E = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
   const int H = static_cast<int>(c.hidden);
   const int slots = T * k;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "current_device.hpp"
 #include "exec/cuda/cuda_check.hpp"
 #include "exec/cuda/planned_gemm_backend.hpp"
 #include "tilemoe/error.hpp"
@@ -49,7 +50,7 @@ PlannedGemm::PlannedGemm(PlannedCluster cluster, PlannedEpilogue epilogue, int m
     throw_bad_input("planned GEMM: built for sm_90a (H100/H200); device " + std::to_string(device) + " is sm_" +
                     std::to_string(major) + std::to_string(minor));
   }
-  TILEMOE_CUDA_CHECK(cudaSetDevice(device));
+  use_device(device);
   backend_->impl = make_backend(cluster, epilogue, max_groups, device, sm_limit);
 }
 
