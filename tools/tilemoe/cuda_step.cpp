@@ -174,7 +174,8 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
   const cuda::EpMoeLayerOptions ep_options = ep_layer_options(options);
   const auto timeout = std::chrono::milliseconds(options.timeout_ms);
   launch::Rendezvous rendezvous(env, env.rendezvous, timeout);
-  cuda::NcclWorld world(rendezvous, cuda::EpMoeLayer::region_bytes(layer, ranks), env.local_rank, {timeout});
+  const bool remote_peers = env.local_size < env.world_size;  // several nodes: GIN reads the rows it sends from the region
+  cuda::NcclWorld world(rendezvous, cuda::EpMoeLayer::region_bytes(layer, ranks, remote_peers), env.local_rank, {timeout});
   CudaStepOutput result;
   result.outputs.resize(static_cast<std::size_t>(ranks));
   result.routing.resize(static_cast<std::size_t>(ranks));

@@ -57,8 +57,9 @@ struct EpMoeLayerOptions {
 class EpMoeLayer {
  public:
   // Bytes of the symmetric region each rank needs for `layer` (layer.tokens = the most tokens
-  // a rank forwards per step) in a world of `world` ranks.
-  static std::size_t region_bytes(const MoeConfig& layer, int world);
+  // a rank forwards per step) in a world of `world` ranks. `remote_peers`: some peers are on
+  // other nodes (GIN), so the rows a rank sends must live in its region too.
+  static std::size_t region_bytes(const MoeConfig& layer, int world, bool remote_peers = false);
 
   // Construct on every rank of the world at about the same time (each rank in its own thread
   // or process): the constructor ends with a host barrier of the world. No forward of another

@@ -8,9 +8,11 @@
 // Start-up refuses, with a message that says what to change: NVLink multicast switched on
 // (NCCL_NVLS_ENABLE is set to 0 when unset: tilemoe never uses multicast, and it can take
 // shared GPUs out of service), an NCCL library other than the one tilemoe was compiled
-// against (the device API has no stable ABI), and ranks that are not all in one load/store
-// domain (several nodes need GIN, which is not implemented). The communicator is created
-// non-blocking, so that its set-up and every host collective are bounded by the timeout.
+// against (the device API has no stable ABI). Peers outside this rank's load/store domain
+// (other nodes) are reached with NCCL's GIN puts and signals behind the same kernels; that
+// path is compiled but untested (no multi-node machine with RDMA NICs here), and it needs the
+// regions sized with EpMoeLayer::region_bytes(..., remote_peers = true). The communicator is
+// created non-blocking, so that its set-up and every host collective are bounded by the timeout.
 #include <chrono>
 #include <cstddef>
 #include <memory>

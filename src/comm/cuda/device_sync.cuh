@@ -57,6 +57,7 @@ __device__ inline void record_failure(const DeviceTransport& t, comm::WaitState 
     __threadfence();
   }
   for (int p = 0; p < t.world; ++p) {
+    if (t.region[p] == nullptr) continue;  // a GIN peer: it runs into its own deadline
     ::cuda::atomic_ref<std::uint32_t, ::cuda::thread_scope_system>(*abort_word(t, p)).store(1u, ::cuda::memory_order_relaxed);
   }
 }

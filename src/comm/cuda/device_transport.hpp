@@ -29,6 +29,18 @@ struct DeviceTransport {
   // Link emulation: bytes per nanosecond that this rank may send to other ranks (0 = as fast
   // as the hardware goes). Senders pace themselves; copies to self are never paced.
   double link_bytes_per_ns = 0.0;
+  // Peers outside this rank's load/store domain (other nodes; NCCL worlds only): their
+  // region[p] is null and the kernels reach them with GIN puts and signals instead
+  // (src/comm/cuda/gin_transport.cuh). Compiled, but untested: no multi-node machine here.
+  const void* gin_comm = nullptr;  // device copy of the world's ncclDevComm; null: no GIN peers
+  void* window = nullptr;          // ncclWindow_t of the symmetric regions (puts address it by offset)
 };
+
+// GIN signal ids (NcclWorld requests 3 x kMaxRanks): per kind, one signal per source rank, so
+// that a wait names the peer it waits for.
+constexpr unsigned kGinCountsSignal = 0;
+constexpr unsigned kGinDispatchSignal = kMaxRanks;
+constexpr unsigned kGinCombineSignal = 2 * kMaxRanks;
+constexpr unsigned kGinSignalCount = 3 * kMaxRanks;
 
 }  // namespace tilemoe::cuda

@@ -74,15 +74,21 @@ class NcclCalls {
 };
 
 // The peer pointers are device-side arithmetic on the window: one thread per rank asks.
-__global__ void resolve_peers_kernel(ncclWindow_t window, int ranks, std::byte** out) {
+// Peers outside this rank's LSA team get null: the kernels reach them through GIN.
+__global__ void resolve_peers_kernel(ncclDevComm dc, ncclWindow_t window, int ranks, std::byte** out) {
   const int p = threadIdx.x;
-  if (p < ranks) out[p] = static_cast<std::byte*>(ncclGetPeerPointer(window, 0, p));
+  if (p >= ranks) return;
+  const bool load_store = ncclTeamRankIsMember(ncclTeamLsa(dc), ncclTeamWorld(dc), p);
+  out[p] = load_store ? static_cast<std::byte*>(ncclGetPeerPointer(window, 0, p)) : nullptr;
 }
 
 // Every rank's failure record, read through the peer pointers.
 __global__ void gather_failures_kernel(DeviceTransport t, comm::WaitFailure* out) {
   const int p = threadIdx.x;
-  if (p < t.world) out[p] = *reinterpret_cast<const comm::WaitFailure*>(t.region[p] + kFailureRecordOffset);
+  if (p >= t.world) return;
+  // a GIN peer's record is not reachable by loads: it reports its own failure on its node
+  out[p] = t.region[p] != nullptr ? *reinterpret_cast<const comm::WaitFailure*>(t.region[p] + kFailureRecordOffset)
+                                  : comm::WaitFailure{};
 }
 
 }  // namespace
@@ -101,6 +107,7 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
   DeviceTransport view;
   cudaStream_t readback = nullptr;
   comm::WaitFailure* failure_copies = nullptr;  // [world] device scratch for throw_if_failed
+  ncclDevComm* dev_comm_copy = nullptr;          // in device memory, for the GIN kernels (worlds across nodes)
 
   Impl(launch::Rendezvous& r, std::size_t region_bytes, int dev, NcclWorldOptions o)
       : rendezvous(r), bytes(region_bytes), gpu(dev), options(o), call(r.rank(), o.timeout) {}
@@ -108,6 +115,7 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
   ~Impl() override {
     if (readback) cudaStreamDestroy(readback);
     if (failure_copies) cudaFree(failure_copies);
+    if (dev_comm_copy) cudaFree(dev_comm_copy);
     if (comm == nullptr) {  // never made, or aborted after a peer failed
       if (region) ncclMemFree(region);
       return;
@@ -262,13 +270,23 @@ NcclWorld::NcclWorld(launch::Rendezvous& rendezvous, std::size_t region_bytes, i
   m.call(ncclDevCommCreate(m.comm, &requirements, &m.dev_comm), "ncclDevCommCreate (needs CUDA P2P between all ranks and cuMem)");
   m.dev_comm_made = true;
   if (m.dev_comm.lsaSize != n) {
-    throw_bad_input("the " + std::to_string(n) + " ranks are not all in one load/store domain (NCCL's LSA team has " +
-                    std::to_string(m.dev_comm.lsaSize) + "): ranks on several nodes need GIN, which tilemoe does not implement yet");
+    // peers on other nodes: the same collective again, now with GIN signals (every rank sees
+    // the same LSA size, so all take this branch). Compiled, untested here: no RDMA NIC.
+    m.call(ncclDevCommDestroy(m.comm, &m.dev_comm), "ncclDevCommDestroy");
+    m.dev_comm_made = false;
+    requirements.ginSignalCount = static_cast<int>(kGinSignalCount);
+    m.call(ncclDevCommCreate(m.comm, &requirements, &m.dev_comm), "ncclDevCommCreate with GIN (needs an RDMA NIC between the nodes)");
+    m.dev_comm_made = true;
+    if (m.dev_comm.ginContextCount == 0) {
+      throw_bad_input("ranks on several nodes need NCCL's GIN, which this communicator does not have (no RDMA NIC?)");
+    }
+    TILEMOE_CUDA_CHECK(cudaMalloc(&m.dev_comm_copy, sizeof(ncclDevComm)));
+    TILEMOE_CUDA_CHECK(cudaMemcpy(m.dev_comm_copy, &m.dev_comm, sizeof(ncclDevComm), cudaMemcpyHostToDevice));
   }
 
   std::byte** peers = nullptr;
   TILEMOE_CUDA_CHECK(cudaMalloc(&peers, sizeof(std::byte*) * kMaxRanks));
-  resolve_peers_kernel<<<1, 32, 0, m.readback>>>(m.window, n, peers);
+  resolve_peers_kernel<<<1, 32, 0, m.readback>>>(m.dev_comm, m.window, n, peers);
   TILEMOE_CUDA_CHECK_LAUNCH("resolve the peers' window pointers");
   std::byte* host_peers[kMaxRanks] = {};
   TILEMOE_CUDA_CHECK(cudaMemcpyAsync(host_peers, peers, sizeof(std::byte*) * n, cudaMemcpyDeviceToHost, m.readback));
@@ -280,6 +298,8 @@ NcclWorld::NcclWorld(launch::Rendezvous& rendezvous, std::size_t region_bytes, i
   m.view.failure = reinterpret_cast<comm::WaitFailure*>(static_cast<std::byte*>(m.region) + kFailureRecordOffset);
   m.view.timeout_ns = static_cast<std::uint64_t>(options.timeout.count()) * 1'000'000ull;
   m.view.link_bytes_per_ns = 0.0;  // real links
+  m.view.gin_comm = m.dev_comm_copy;  // null unless some peers are on other nodes
+  m.view.window = m.window;
   rendezvous.barrier();  // every region is zeroed and registered before anybody writes into one
 }
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "comm/cuda/device_sync.cuh"
+#include "comm/cuda/gin_transport.cuh"
 #include "cuda_check.hpp"
 #include "tilemoe/error.hpp"
 
@@ -56,14 +57,26 @@ __global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTran
   if (blockIdx.x == 0 && !a.silent) {
     for (int i = tid; i < N * E; i += blockDim.x) {
       const int p = i / E, x = i % E;
-      region_at<int>(t, p, a.layout.counts_inbox)[me * E + x] = s_row_offset[x + 1] - s_row_offset[x];
+      if (t.region[p] != nullptr) region_at<int>(t, p, a.layout.counts_inbox)[me * E + x] = s_row_offset[x + 1] - s_row_offset[x];
+    }
+    if (t.gin_comm != nullptr) {  // GIN peers get them by a put from the outbox
+      for (int x = tid; x < E; x += blockDim.x) region_at<int>(t, me, a.layout.counts_outbox)[x] = s_row_offset[x + 1] - s_row_offset[x];
     }
     __syncthreads();
-    if (tid < N) store_release(region_at<std::uint64_t>(t, tid, a.layout.counts_flag) + me, epoch);
+    if (tid < N) {
+      if (t.region[tid] != nullptr) {
+        store_release(region_at<std::uint64_t>(t, tid, a.layout.counts_flag) + me, epoch);
+      } else {
+        ::cuda::atomic_thread_fence(::cuda::memory_order_release, ::cuda::thread_scope_system);
+        gin_put(t, tid, a.layout.counts_inbox + static_cast<std::size_t>(me * E) * 4, a.layout.counts_outbox,
+                static_cast<std::size_t>(E) * 4);
+        gin_signal_add(t, tid, kGinCountsSignal + me, 1);  // the signal's value is then the epoch
+      }
+    }
   }
   // 2. everybody's counts (which also says every peer is done with step epoch - 1)
-  if (tid < N && !wait_at_least(t, region_at<std::uint64_t>(t, me, a.layout.counts_flag) + tid, epoch, tid,
-                                comm::WaitSubject::DispatchCounts, epoch)) {
+  if (tid < N && !wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.counts_flag) + tid, kGinCountsSignal + tid, epoch, tid,
+                            comm::WaitSubject::DispatchCounts, epoch)) {
     s_ok = 0;
   }
   __syncthreads();
@@ -136,7 +149,20 @@ __global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTran
   const int group = blockIdx.x / a.ctas_per_peer, member = blockIdx.x % a.ctas_per_peer;
   const int p = destination_of_group(group, me, N);
   const int row_bytes = a.hidden * 2;
-  if (!a.silent) {
+  if (!a.silent && t.region[p] == nullptr) {
+    // a GIN peer: one put per expert block (contiguous on both sides), the group's CTAs
+    // taking every ctas_per_peer-th expert; the signal follows this CTA's puts
+    __syncthreads();
+    if (tid == 0) {
+      ::cuda::atomic_thread_fence(::cuda::memory_order_release, ::cuda::thread_scope_system);
+      for (int x = p * L + member; x < (p + 1) * L; x += a.ctas_per_peer) {
+        const int rows = s_row_offset[x + 1] - s_row_offset[x];
+        gin_put(t, p, a.layout.dispatch_rows + static_cast<std::size_t>(s_dest_base[x]) * row_bytes,
+                a.layout.send_rows + static_cast<std::size_t>(s_row_offset[x]) * row_bytes, static_cast<std::size_t>(rows) * row_bytes);
+      }
+      gin_signal_add(t, p, kGinDispatchSignal + me, 1);
+    }
+  } else if (!a.silent) {
     const int lane = tid % 32, warp = member * kWarps + tid / 32, warps = a.ctas_per_peer * kWarps;
     const int first = s_row_offset[p * L], last = s_row_offset[(p + 1) * L];
     std::byte* dst_rows = region_at<std::byte>(t, p, a.layout.dispatch_rows);
@@ -160,8 +186,8 @@ __global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTran
 
   // 5. the kernel ends when every source's rows are here: the expert GEMM follows in stream order
   if (blockIdx.x == 0) {
-    if (tid < N && !wait_at_least(t, region_at<std::uint64_t>(t, me, a.layout.dispatch_arrivals) + tid,
-                                  epoch * a.ctas_per_peer, tid, comm::WaitSubject::DispatchRows, epoch)) {
+    if (tid < N && !wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.dispatch_arrivals) + tid, kGinDispatchSignal + tid,
+                              epoch * a.ctas_per_peer, tid, comm::WaitSubject::DispatchRows, epoch)) {
       s_ok = 0;
     }
   }
@@ -185,7 +211,21 @@ __global__ void __launch_bounds__(kEpExchangeThreads) combine_send_kernel(Device
   __syncthreads();
   const int row_bytes = a.hidden * 2;
   // a failing step sends nothing more (its tables may be the zero ones of a failed dispatch)
-  if (!a.silent && !transport_failed(t)) {
+  __shared__ int s_sending;  // one verdict for the whole CTA: the branches below hold barriers
+  if (tid == 0) s_sending = !a.silent && !transport_failed(t);
+  __syncthreads();
+  const bool sending = s_sending != 0;
+  if (sending && t.region[q] == nullptr) {  // a GIN peer: one put per (expert, source) block
+    if (tid == 0) {
+      ::cuda::atomic_thread_fence(::cuda::memory_order_release, ::cuda::thread_scope_system);
+      for (int le = member; le < L; le += a.ctas_per_peer) {
+        const int rows = block[le * N + q + 1] - block[le * N + q];
+        gin_put(t, q, a.layout.returned_rows + static_cast<std::size_t>(a.tables.return_offset[le * N + q]) * row_bytes,
+                a.layout.expert_out + static_cast<std::size_t>(block[le * N + q]) * row_bytes, static_cast<std::size_t>(rows) * row_bytes);
+      }
+      gin_signal_add(t, q, kGinCombineSignal + me, 1);
+    }
+  } else if (sending) {
     const int lane = tid % 32, warp = member * kWarps + tid / 32, warps = a.ctas_per_peer * kWarps;
     std::byte* dst_rows = region_at<std::byte>(t, q, a.layout.returned_rows);
     const bool paced = q != me && t.link_bytes_per_ns > 0.0;
@@ -208,8 +248,8 @@ __global__ void __launch_bounds__(kEpExchangeThreads) combine_send_kernel(Device
     if (tid == 0) add_release(region_at<std::uint64_t>(t, q, a.layout.combine_arrivals) + me, 1);
   }
   if (blockIdx.x == 0 && tid < N) {
-    wait_at_least(t, region_at<std::uint64_t>(t, me, a.layout.combine_arrivals) + tid, epoch * a.ctas_per_peer, tid,
-                  comm::WaitSubject::CombineRows, epoch);
+    wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.combine_arrivals) + tid, kGinCombineSignal + tid, epoch * a.ctas_per_peer,
+              tid, comm::WaitSubject::CombineRows, epoch);
   }
 }
 
@@ -234,12 +274,16 @@ void check_args(const DeviceTransport& t, const EpExchangeArgs& a) {
     throw_internal("exchange: bad expert counts");
   }
   if (a.hidden % 8 != 0 || a.ctas_per_peer < 1) throw_internal("exchange: bad hidden or CTA count");
+  if (t.gin_comm != nullptr &&
+      (a.layout.send_rows == 0 || a.send_rows != t.region[t.rank] + a.layout.send_rows || a.expert_out != t.region[t.rank] + a.layout.expert_out)) {
+    throw_internal("exchange: with GIN peers the rows sent must be the region's (puts read the window)");
+  }
 }
 
 }  // namespace
 
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
-                                std::int64_t top_k) {
+                                std::int64_t top_k, bool remote_sources) {
   if (world < 1 || world > kMaxRanks) {
     throw_bad_input("a load/store world has 1 to " + std::to_string(kMaxRanks) + " ranks, not " + std::to_string(world));
   }
@@ -259,6 +303,14 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
   at = align_up(at + static_cast<std::size_t>(l.receive_capacity * hidden) * 2, 4096);
   l.returned_rows = at;
   at = align_up(at + static_cast<std::size_t>(max_tokens * top_k * hidden) * 2, 4096);
+  if (remote_sources) {
+    l.counts_outbox = at;
+    at = align_up(at + static_cast<std::size_t>(experts) * 4, 4096);
+    l.send_rows = at;
+    at = align_up(at + static_cast<std::size_t>(max_tokens * top_k * hidden) * 2, 4096);
+    l.expert_out = at;
+    at = align_up(at + static_cast<std::size_t>(l.receive_capacity * hidden) * 2, 4096);
+  }
   l.bytes = at;
   return l;
 }

@@ -32,12 +32,18 @@ struct EpRegionLayout {
   std::size_t combine_arrivals = 0;   // [world] u64, + ctas_per_peer per step from rank q
   std::size_t dispatch_rows = 0;      // [receive_capacity][hidden] bf16
   std::size_t returned_rows = 0;      // [max_tokens * top_k][hidden] bf16
+  // Only in worlds with GIN peers, whose puts read from the window: the counts, permuted rows
+  // and expert outputs this rank sends live in its region too (0 = absent).
+  std::size_t counts_outbox = 0;      // [experts] int32
+  std::size_t send_rows = 0;          // [max_tokens * top_k][hidden] bf16
+  std::size_t expert_out = 0;         // [receive_capacity][hidden] bf16
   std::size_t bytes = 0;              // the whole region, a multiple of 4 KiB
   std::int64_t receive_capacity = 0;  // rows: every source's tokens times min(top_k, local experts)
 };
 
+// `remote_sources`: the world has GIN peers (several nodes), so the send side lives in the region.
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
-                                std::int64_t top_k);
+                                std::int64_t top_k, bool remote_sources = false);
 
 // This rank's device tables of a step, written by the dispatch kernel.
 struct EpLocalTables {
@@ -55,6 +61,7 @@ struct EpExchangeArgs {
   const int* row_offset = nullptr;     // [experts + 1] this rank's layout (its permuted rows by expert)
   const std::byte* send_rows = nullptr;  // dispatch: this rank's permuted rows [slots][hidden]
   const std::byte* expert_out = nullptr; // combine send: the FFN's output [receive rows][hidden]
+  // With GIN peers these two must be the region's send_rows and expert_out (puts read the window).
   bool silent = false;                 // fault injection: this rank sends nothing (tests)
 };
 

@@ -55,6 +55,7 @@ struct EpMoeLayer::Impl {
   EpRegionLayout layout;
   cudaStream_t own = nullptr;  // non-blocking: set-up and read-backs that must not wait for the peers' kernels
   bool failed = false;
+  bool remote_peers = false;  // GIN peers: the rows sent live in the region (puts read the window)
 
   // routing and this rank's permuted rows
   DeviceArray<std::int32_t> expert, sorted_expert;
@@ -79,7 +80,13 @@ struct EpMoeLayer::Impl {
   EpExchangeArgs exchange_args() const;
   // what the experts produced: their FFN's output, or with identity experts their input rows
   const std::byte* expert_out() const {
-    return ffn ? reinterpret_cast<const std::byte*>(y.data()) : region(layout.dispatch_rows);
+    return ffn ? reinterpret_cast<const std::byte*>(ffn_out()) : region(layout.dispatch_rows);
+  }
+  __nv_bfloat16* ffn_out() const {
+    return remote_peers ? reinterpret_cast<__nv_bfloat16*>(region(layout.expert_out)) : y.data();
+  }
+  __nv_bfloat16* send_rows_ptr() const {
+    return remote_peers ? reinterpret_cast<__nv_bfloat16*>(region(layout.send_rows)) : send_rows.data();
   }
   void host_dispatch(cudaStream_t stream, int tokens);
   void host_combine_send(cudaStream_t stream);
@@ -90,8 +97,8 @@ struct EpMoeLayer::Impl {
   }
 };
 
-std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world) {
-  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k).bytes;
+std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, bool remote_peers) {
+  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers).bytes;
 }
 
 void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o) {
@@ -109,10 +116,12 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
   }
   local_experts = static_cast<int>(c.num_experts / world);
-  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k);
+  remote_peers = t.device_view().gin_comm != nullptr;
+  if (remote_peers && o.identity_experts) throw_bad_input("identity experts (an exchange benchmark) need a load/store world");
+  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers);
   if (t.region_bytes() < layout.bytes) {
     throw_bad_input("the world's symmetric regions hold " + std::to_string(t.region_bytes()) + " bytes; this layer needs " +
-                    std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes)");
+                    std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes" + (remote_peers ? ", with remote peers)" : ")"));
   }
   if (layout.receive_capacity > INT_MAX / 2 || c.tokens * c.top_k > INT_MAX / 2) {
     throw_bad_input("too many rows per rank for the exchange: " + std::to_string(layout.receive_capacity));
@@ -155,7 +164,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   error_token = DeviceArray<int>(1);
   layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(E));
   layout_temp = DeviceArray<char>(layout_temp_bytes);
-  send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
+  if (!remote_peers) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
   epoch = DeviceArray<std::uint64_t>(1);
   local_row_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts + 1));
@@ -174,7 +183,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
   }
   if (o.identity_experts) return;
-  y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
+  if (!remote_peers) y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
   const double rows_per_expert = static_cast<double>(world) * static_cast<double>(slots) / static_cast<double>(E);
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
                                     layout.receive_capacity, rows_per_expert, o.gemm, device);
@@ -227,7 +236,7 @@ EpExchangeArgs EpMoeLayer::Impl::exchange_args() const {
   a.hidden = static_cast<int>(config.hidden);
   a.ctas_per_peer = ctas_per_peer;
   a.row_offset = row_offset.data();
-  a.send_rows = reinterpret_cast<const std::byte*>(send_rows.data());
+  a.send_rows = reinterpret_cast<const std::byte*>(send_rows_ptr());
   a.expert_out = expert_out();
   a.silent = options.silent;
   return a;
@@ -293,7 +302,7 @@ void EpMoeLayer::Impl::host_dispatch(cudaStream_t stream, int /*tokens*/) {
                                      cudaMemcpyHostToDevice, stream));
   TILEMOE_CUDA_CHECK(cudaMemcpyAsync(local_row_offset.data(), local_offsets, static_cast<std::size_t>(L + 1) * sizeof(int),
                                      cudaMemcpyHostToDevice, stream));
-  exchange.all_to_all(stream, send_rows.data(), send_offset, send_bytes, staging.data(), recv_offset, recv_bytes);
+  exchange.all_to_all(stream, send_rows_ptr(), send_offset, send_bytes, staging.data(), recv_offset, recv_bytes);
   launch_copy_row_blocks(stream, reinterpret_cast<const std::byte*>(staging.data()), region(layout.dispatch_rows),
                          static_cast<int>(row_bytes), block_tables.data(), blocks);
 }
@@ -345,7 +354,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     launch_layout(stream, m.expert.data(), slots, E, m.layout_temp.data(), m.layout_temp_bytes, m.sorted_expert.data(),
                   m.row_offset.data(), m.slot_of_row.data(), m.row_of_slot.data());
     mark(kEpPermute);
-    launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.send_rows.data());
+    launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.send_rows_ptr());
     mark(kEpDispatch);
     const EpExchangeArgs args = m.exchange_args();
     const DeviceTransport& view = m.transport->device_view();
@@ -358,7 +367,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     if (m.ffn) {
       m.ffn->build_tables(stream, m.local_row_offset.data());
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
-      m.ffn->run(stream, m.local_row_offset.data(), rows, m.layout.receive_capacity, m.y.data(), [&](int stage) {
+      m.ffn->run(stream, m.local_row_offset.data(), rows, m.layout.receive_capacity, m.ffn_out(), [&](int stage) {
         mark(stage == kGemm0 ? kEpGemm0 : stage == kActivation ? kEpActivation : kEpGemm1);
       });
     } else {
