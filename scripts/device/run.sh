@@ -8,7 +8,7 @@ export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck bench ep-bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -56,6 +56,7 @@ for step in "${steps[@]}"; do
     planned) run_step planned "$bin/test_planned_gemm" ;;
     layer) run_step layer "$bin/test_moe_layer" ;;
     ep) run_step ep "$bin/test_ep_layer" ;;
+    ep-racecheck) run_step ep-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 60 ;;
     ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 30 ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     racecheck) run_step racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
