@@ -10,6 +10,7 @@ const char* wait_subject_name(WaitSubject subject) {
     case WaitSubject::DispatchRows: return "the dispatched token rows";
     case WaitSubject::CombineRows: return "the returned expert outputs";
     case WaitSubject::Barrier: return "the barrier arrival";
+    case WaitSubject::TileFlags: return "the GEMM tile ready flags";
   }
   return "an unknown flag";
 }

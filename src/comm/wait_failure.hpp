@@ -16,6 +16,7 @@ enum class WaitSubject : std::uint32_t {
   DispatchRows = 2,    // a peer's token rows for my experts
   CombineRows = 3,     // a peer's expert outputs for my tokens
   Barrier = 4,         // a peer's arrival at a barrier
+  TileFlags = 5,       // this rank's own GEMM tiles (tile-signal overlap): peer is the rank itself
 };
 const char* wait_subject_name(WaitSubject subject);
 

@@ -129,7 +129,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks), 0, world_options);
   if (c.sms_per_rank > 0) std::printf("  SM partitions of %d SMs\n", vw.rank(0).sm_count());
   const auto n = static_cast<std::size_t>(c.ranks);
-  std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n);
+  std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n), tile_out(n), tile_second_out(n), tile_graph_out(n);
   std::vector<Routing> routing(n);
   std::vector<std::string> description(n);
   on_every_rank(c.ranks, [&](int r) {
@@ -173,11 +173,46 @@ void run_case(const Case& c, std::uint64_t seed) {
       TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
       transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
     }
-    cuda::EpMoeLayer host_layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Host});
-    b.poison();
-    host_layer.forward(b.stream, b.input, b.logits, b.output, T);
-    host_layer.check(b.stream);
-    host_out[ri] = b.read(T, c.hidden);
+    {
+      cuda::EpMoeLayer host_layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Host});
+      b.poison();
+      host_layer.forward(b.stream, b.input, b.logits, b.output, T);
+      host_layer.check(b.stream);
+      host_out[ri] = b.read(T, c.hidden);
+      transport.host_barrier();
+    }
+    // the tile-signal overlap: two steps (its flags are reset per step) and a graph replay
+    cuda::EpMoeLayerOptions overlap;
+    overlap.strategy = cuda::EpStrategy::TileSignal;
+    overlap.bands_per_segment = c.ranks % 2 == 0 ? 2 : 1;
+    cuda::EpMoeLayer ts_layer(config, weights, transport, overlap);
+    if (r == 0) description[ri] += "; " + ts_layer.description();
+    for (int run = 0; run < 2; ++run) {
+      b.poison();
+      ts_layer.forward(b.stream, b.input, b.logits, b.output, T);
+      ts_layer.check(b.stream);
+      (run == 0 ? tile_out : tile_second_out)[ri] = b.read(T, c.hidden);
+      transport.host_barrier();
+    }
+    {
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      TILEMOE_CUDA_CHECK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeThreadLocal));
+      try {
+        ts_layer.forward(b.stream, b.input, b.logits, b.output, T);
+      } catch (...) {
+        cudaStreamEndCapture(b.stream, &graph);
+        throw;
+      }
+      TILEMOE_CUDA_CHECK(cudaStreamEndCapture(b.stream, &graph));
+      TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      b.poison();
+      TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, b.stream));
+      ts_layer.check(b.stream);
+      tile_graph_out[ri] = b.read(T, c.hidden);
+      TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
+    }
     transport.host_barrier();  // frees (device-wide synchronisations) only after every rank's last step
   });
   if (failures) return;
@@ -192,6 +227,12 @@ void run_case(const Case& c, std::uint64_t seed) {
   expect(same_runs, "the same inputs give bitwise-identical outputs run after run, on every rank");
   expect(same_graph, "a CUDA-graph replay of the device path gives the eager output bitwise");
   expect(same_paths, "the device and host dispatch paths give bitwise-identical outputs");
+  bool same_tile = true;
+  for (std::size_t r = 0; r < n; ++r) {
+    same_tile = same_tile && device_out[r].bitwise_equal(tile_out[r]) && device_out[r].bitwise_equal(tile_second_out[r]) &&
+                device_out[r].bitwise_equal(tile_graph_out[r]);
+  }
+  expect(same_tile, "tile_signal gives the sequential output bitwise (two steps and a graph replay)");
 
   const auto plans = compile_plan(Strategy::Sequential, world, routing, PlanOptions{});
   const StepRun cpu = run_step(plans, weights, step.inputs);

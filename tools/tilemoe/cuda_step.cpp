@@ -93,6 +93,11 @@ cuda::EpMoeLayerOptions ep_layer_options(const CudaStepOptions& options) {
   } else {
     throw_bad_input("unknown --dispatch '" + options.dispatch + "': use device or host");
   }
+  if (options.strategy == "tile_signal") {
+    ep_options.strategy = cuda::EpStrategy::TileSignal;
+  } else if (options.strategy != "sequential") {
+    throw_bad_input("--backend cuda runs the strategies sequential and tile_signal, not '" + options.strategy + "'");
+  }
   return ep_options;
 }
 
@@ -223,6 +228,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& op
   if (options.transport == "nccl") return run_nccl_rank(step, options);
   if (options.transport != "virtual") throw_bad_input("unknown --transport '" + options.transport + "': use virtual or nccl");
   if (step.world.world_size() > 1) return run_virtual_ranks(step, options);
+  if (options.strategy != "sequential") throw_bad_input("--strategy " + options.strategy + " overlaps communication: use --ranks 2 or more");
   const MoeConfig config = step.world.rank_config(0);
   cuda::MoeLayer layer(config, step.weights);
   const Matrix& input = step.inputs[0];

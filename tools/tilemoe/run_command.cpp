@@ -60,6 +60,7 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
 #ifdef TILEMOE_WITH_CUDA
   CudaStepOptions cuda_options;
   cuda_options.transport = options.transport;
+  cuda_options.strategy = options.strategy == "all" ? "sequential" : options.strategy;
   cuda_options.dispatch = options.dispatch;
   cuda_options.link_gbps = options.link_gbps;
   cuda_options.sms_per_rank = options.sms_per_rank;
@@ -85,7 +86,7 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
                 static_cast<long long>(step.world.layer.ffn_hidden), static_cast<long long>(step.world.layer.num_experts),
                 static_cast<long long>(step.world.layer.top_k), step.source.c_str());
     std::printf("%-12s %10s %16s %14s %14s %10s\n", "strategy", "gpu ms", "max|err| cpu", "rel err cpu", "rel err fp64", "tolerance");
-    std::printf("%-12s %10.3f %16.3g %14.2e %14.2e %10s\n", "sequential", gpu.forward_ms, vs_cpu.max_abs, vs_cpu.relative_frobenius,
+    std::printf("%-12s %10.3f %16.3g %14.2e %14.2e %10s\n", cuda_options.strategy.c_str(), gpu.forward_ms, vs_cpu.max_abs, vs_cpu.relative_frobenius,
                 vs_fp64.relative_frobenius, ok ? "ok" : "EXCEEDED");
   }
   if (!ok) {

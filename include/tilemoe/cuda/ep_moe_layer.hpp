@@ -29,6 +29,14 @@ namespace tilemoe::cuda {
 enum class DispatchPath { Device, Host };
 const char* dispatch_path_name(DispatchPath path);
 
+// How GEMM1 and the combine send meet.
+//  Sequential: the combine send starts when GEMM1 has finished.
+//  TileSignal: GEMM1 raises a flag per row band, bands holding other ranks' rows first, and a
+//              consumer kernel on its own CTAs ships each band as soon as it is ready (ICPP
+//              2026). Same rows, same GEMM, same destinations: bitwise the sequential output.
+enum class EpStrategy { Sequential, TileSignal };
+const char* ep_strategy_name(EpStrategy strategy);
+
 // Events between the stages of an expert-parallel forward (per-stage timing).
 enum EpStage {
   kEpRouter, kEpLayout, kEpPermute, kEpDispatch, kEpGemm0, kEpActivation, kEpGemm1, kEpCombineSend, kEpCombine,
@@ -52,6 +60,12 @@ struct EpMoeLayerOptions {
   // Benchmarks of the exchange alone (DeepEP's dispatch/combine benchmark): the experts return
   // their input rows unchanged; no expert weights are allocated. Not a MoE layer.
   bool identity_experts = false;
+  EpStrategy strategy = EpStrategy::Sequential;
+  // TileSignal: the consumer's CTAs (GEMM1 leaves as many SMs free; 0 picks an eighth of the
+  // SMs, 2..16; the calibrated choice is still to come) and the bands
+  // it waits for and ships as one segment (mgb).
+  int consumer_ctas = 0;
+  int bands_per_segment = 1;
 };
 
 class EpMoeLayer {

@@ -5,6 +5,7 @@
 #include "comm/cuda/device_sync.cuh"
 #include "comm/cuda/gin_transport.cuh"
 #include "cuda_check.hpp"
+#include "exchange_device.cuh"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {
@@ -15,22 +16,6 @@ constexpr int kMaxExchangeExperts = 1024;
 constexpr int kWarps = kEpExchangeThreads / 32;
 
 std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) / a * a; }
-
-// The last index i in [lo, hi) with offsets[i] <= value (offsets ascending).
-__device__ inline int segment_of(const int* offsets, int lo, int hi, int value) {
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (offsets[mid] <= value) lo = mid; else hi = mid;
-  }
-  return lo;
-}
-
-// One warp copies a row of `bytes` (a multiple of 16) with 16-byte loads and stores.
-__device__ inline void copy_row(std::byte* dst, const std::byte* src, int bytes, int lane) {
-  const auto* s = reinterpret_cast<const uint4*>(src);
-  auto* d = reinterpret_cast<uint4*>(dst);
-  for (int v = lane; v < bytes / 16; v += 32) d[v] = s[v];
-}
 
 // The destination of CTA group g: the next ranks first and this rank last, so that at any
 // moment the groups write to different peers (all links busy) and the local copy overlaps.

@@ -11,6 +11,7 @@
 #include "ep_exchange.hpp"
 #include "expert_ffn.hpp"
 #include "moe_kernels.hpp"
+#include "tile_signal.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/error.hpp"
 
@@ -41,6 +42,8 @@ class PinnedArray {
 }  // namespace
 
 const char* dispatch_path_name(DispatchPath path) { return path == DispatchPath::Device ? "device" : "host"; }
+
+const char* ep_strategy_name(EpStrategy strategy) { return strategy == EpStrategy::Sequential ? "sequential" : "tile_signal"; }
 
 const char* ep_stage_name(int stage) {
   static const char* names[] = {"router", "layout", "permute", "dispatch", "gemm0", "activation", "gemm1", "combine send", "combine"};
@@ -73,6 +76,15 @@ struct EpMoeLayer::Impl {
   DeviceArray<__nv_bfloat16> staging;  // rows in source-major order, as the all-to-alls move them
   std::unique_ptr<PinnedArray<int>> host_gathered, host_tables;
   std::unique_ptr<ExpertFfn> ffn;
+  // tile signal: GEMM1's band flags, the bands in remote-first order, the consumer's stream and
+  // the events that fork it off after GEMM0 and join it before the combine
+  DeviceArray<unsigned> band_flags;
+  DeviceArray<TileBand> bands;
+  DeviceArray<int> band_count;
+  DeviceArray<GemmTileEntry> table_scratch;
+  cudaStream_t consumer = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  int consumer_ctas = 0;
 
   void init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o);
   void finish_init();
@@ -94,6 +106,9 @@ struct EpMoeLayer::Impl {
 
   ~Impl() {
     if (own) cudaStreamDestroy(own);
+    if (consumer) cudaStreamDestroy(consumer);
+    if (fork) cudaEventDestroy(fork);
+    if (join) cudaEventDestroy(join);
   }
 };
 
@@ -182,11 +197,47 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     host_gathered = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(world * (E + 1)));
     host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
   }
-  if (o.identity_experts) return;
+  if (o.identity_experts) {
+    if (o.strategy != EpStrategy::Sequential) throw_bad_input("identity experts run the sequential strategy only");
+    return;
+  }
   if (!remote_peers) y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
   const double rows_per_expert = static_cast<double>(world) * static_cast<double>(slots) / static_cast<double>(E);
+  ExpertFfnOptions ffn_options;
+  if (o.strategy == EpStrategy::TileSignal) {
+    if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
+      throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
+    }
+    if (o.consumer_ctas < 0 || o.bands_per_segment < 1 || o.bands_per_segment > 32) {
+      throw_bad_input("tile_signal: consumer CTAs must be >= 0 (0 = auto) and bands per segment 1..32");
+    }
+    // auto: an eighth of the SMs (16 on a whole H200), at least 2, and no more than all sharing
+    // ranks' consumers can hold resident in half the GPU
+    consumer_ctas = o.consumer_ctas > 0 ? o.consumer_ctas
+                                        : std::max(2, std::min({16, t.sm_count() / 8, resident / (2 * sharing)}));
+    // every sharing rank's consumer waits for its peers': all of them resident at once
+    if (consumer_ctas * sharing > resident / 2 || consumer_ctas > t.sm_count() - 2) {
+      throw_bad_input(std::to_string(consumer_ctas) + " consumer CTAs do not fit next to GEMM1 on " + std::to_string(t.sm_count()) +
+                      " SMs shared by " + std::to_string(sharing) + " rank(s)");
+    }
+    ffn_options.gemm1_sm_limit = t.sm_count() - consumer_ctas;
+    ffn_options.gemm1_band_flags = true;
+    const std::int64_t band_room = max_bands(layout.receive_capacity, local_experts);
+    band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
+    bands = DeviceArray<TileBand>(static_cast<std::size_t>(band_room));
+    band_count = DeviceArray<int>(1);
+    TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
+    int lowest = 0, highest = 0;
+    TILEMOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    TILEMOE_CUDA_CHECK(cudaStreamCreateWithPriority(&consumer, cudaStreamNonBlocking, highest));
+    TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
-                                    layout.receive_capacity, rows_per_expert, o.gemm, device);
+                                    layout.receive_capacity, rows_per_expert, o.gemm, device, ffn_options);
+  if (o.strategy == EpStrategy::TileSignal) {
+    table_scratch = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
+  }
 }
 
 // This rank's region starts from a clean slate (flags at 0, no failure), then the world meets:
@@ -222,8 +273,11 @@ int EpMoeLayer::exchange_ctas_per_peer() const { return impl_->ctas_per_peer; }
 
 std::string EpMoeLayer::description() const {
   const Impl& m = *impl_;
-  std::string text = std::string(dispatch_path_name(m.options.dispatch)) + " dispatch";
+  std::string text = std::string(ep_strategy_name(m.options.strategy)) + ", " + dispatch_path_name(m.options.dispatch) + " dispatch";
   if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
+  if (m.options.strategy == EpStrategy::TileSignal) {
+    text += ", consumer " + std::to_string(m.consumer_ctas) + " CTAs x " + std::to_string(m.options.bands_per_segment) + " band(s)";
+  }
   return text + ", " + (m.ffn ? m.ffn->description() : std::string("identity experts"));
 }
 
@@ -364,17 +418,46 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       m.host_dispatch(stream, T);
     }
+    const bool overlap = m.options.strategy == EpStrategy::TileSignal;
     if (m.ffn) {
       m.ffn->build_tables(stream, m.local_row_offset.data());
+      if (overlap) {  // GEMM1 remote bands first, and the consumer's segments in the same order
+        const int N = m.world, L = m.local_experts;
+        launch_order_remote_first(stream, m.ffn->gemm1_table(), m.ffn->gemm1_count(), m.ffn->gemm1_cluster_size(),
+                                  m.block_offset.data(), L, N, m.rank, m.table_scratch.data());
+        launch_build_bands(stream, m.local_row_offset.data(), m.block_offset.data(), L, N, m.rank, m.bands.data(),
+                           static_cast<int>(m.bands.count()), m.band_count.data());
+      }
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
-      m.ffn->run(stream, m.local_row_offset.data(), rows, m.layout.receive_capacity, m.ffn_out(), [&](int stage) {
-        mark(stage == kGemm0 ? kEpGemm0 : stage == kActivation ? kEpActivation : kEpGemm1);
-      });
+      m.ffn->run(
+          stream, m.local_row_offset.data(), rows, m.layout.receive_capacity, m.ffn_out(),
+          [&](int stage) {
+            mark(stage == kGemm0 ? kEpGemm0 : stage == kActivation ? kEpActivation : kEpGemm1);
+            if (overlap && stage == kGemm1) {  // the consumer starts with GEMM1, on its own stream
+              // last step's consumer was joined before its combine, so nobody reads these now
+              TILEMOE_CUDA_CHECK(cudaMemsetAsync(m.band_flags.data(), 0, m.band_flags.count() * sizeof(unsigned), stream));
+              TILEMOE_CUDA_CHECK(cudaEventRecord(m.fork, stream));
+              TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
+              TileSignalArgs ts;
+              ts.exchange = args;
+              ts.bands = m.bands.data();
+              ts.band_count = m.band_count.data();
+              ts.flags = m.band_flags.data();
+              ts.tiles_per_band = static_cast<unsigned>((c.hidden + kPlannedTileN - 1) / kPlannedTileN);
+              ts.ctas = m.consumer_ctas;
+              ts.bands_per_segment = m.options.bands_per_segment;
+              launch_tile_signal_consumer(m.consumer, view, ts);
+              TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
+            }
+          },
+          overlap ? m.band_flags.data() : nullptr);
     } else {
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
     mark(kEpCombineSend);
-    if (m.options.dispatch == DispatchPath::Device) {
+    if (overlap) {
+      TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));  // the rows the consumer shipped, from every rank
+    } else if (m.options.dispatch == DispatchPath::Device) {
       launch_ep_combine_send(stream, view, args);
     } else {
       m.host_combine_send(stream);

@@ -44,10 +44,11 @@ struct ExpertFfn::Impl {
   DeviceArray<GemmTileEntry> table0, table1;
   DeviceArray<int> table_count;  // [2]: entries of table0, table1
   int table0_capacity = 0, table1_capacity = 0;
+  ExpertFfnOptions options;
 };
 
 ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int64_t experts, std::int64_t max_rows,
-                     double rows_per_expert, GemmPath path, int device)
+                     double rows_per_expert, GemmPath path, int device, ExpertFfnOptions options)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   if (experts < 1 || first_expert < 0 || first_expert + experts > layer.num_experts) {
@@ -61,6 +62,10 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   m.max_rows = max_rows;
   m.path = path;
   m.device = device;
+  m.options = options;
+  if (path == GemmPath::Stock && (options.gemm1_band_flags || options.gemm1_sm_limit > 0)) {
+    throw_bad_input("the overlap strategies need the planned GEMM (its tile table and flags)");
+  }
   m.gelu = layer.activation == Activation::GELU;
   const std::int64_t H = layer.hidden, F = layer.ffn_hidden;
   m.gemm0_n = m.gelu ? F : 2 * F;
@@ -88,7 +93,8 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   m.table_count = DeviceArray<int>(2);
   m.planned0 = std::make_unique<PlannedGemm>(cluster, m.gelu ? PlannedEpilogue::GELU : PlannedEpilogue::SwiGLU,
                                              static_cast<int>(experts), device);
-  m.planned1 = std::make_unique<PlannedGemm>(cluster, PlannedEpilogue::Store, static_cast<int>(experts), device);
+  m.planned1 = std::make_unique<PlannedGemm>(cluster, PlannedEpilogue::Store, static_cast<int>(experts), device,
+                                             options.gemm1_sm_limit);
 }
 
 ExpertFfn::~ExpertFfn() = default;
@@ -150,12 +156,17 @@ void ExpertFfn::build_tables(cudaStream_t stream, const int* row_offset) {
   const int E = static_cast<int>(m.experts);
   launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.gemm0_n), cluster, TileFlags::None, m.table0.data(),
                           m.table0_capacity, m.table_count.data());
-  launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.layer.hidden), cluster, TileFlags::None,
-                          m.table1.data(), m.table1_capacity, m.table_count.data() + 1);
+  launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.layer.hidden), cluster,
+                          m.options.gemm1_band_flags ? TileFlags::PerBand : TileFlags::None, m.table1.data(), m.table1_capacity,
+                          m.table_count.data() + 1);
 }
 
+GemmTileEntry* ExpertFfn::gemm1_table() { return impl_->table1.data(); }
+const int* ExpertFfn::gemm1_count() const { return impl_->table_count.data() + 1; }
+int ExpertFfn::gemm1_capacity() const { return impl_->table1_capacity; }
+
 void ExpertFfn::run(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
-                    __nv_bfloat16* y, const std::function<void(int)>& mark) {
+                    __nv_bfloat16* y, const std::function<void(int)>& mark, unsigned* gemm1_flags) {
   Impl& m = *impl_;
   auto stage = [&](int s) {
     if (mark) mark(s);
@@ -195,6 +206,7 @@ void ExpertFfn::run(cudaStream_t stream, const int* row_offset, const __nv_bfloa
     r.D = y;
     r.N = H;
     r.K = F;
+    r.flags = gemm1_flags;
     m.planned1->run(stream, r);
   } else {
     m.gemm1->run(stream, E, row_offset, m.act.data(), w2_.data(), y, H, F);

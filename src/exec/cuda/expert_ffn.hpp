@@ -12,11 +12,18 @@
 #include <string>
 
 #include "device_array.hpp"
+#include "planned_gemm.hpp"
 #include "tilemoe/config.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/weights.hpp"
 
 namespace tilemoe::cuda {
+
+// What the overlap strategies change in the FFN (planned path only).
+struct ExpertFfnOptions {
+  int gemm1_sm_limit = 0;         // > 0: GEMM1 leaves the other SMs to a concurrent consumer
+  bool gemm1_band_flags = false;  // GEMM1's tiles raise one flag per row band (TileFlags::PerBand)
+};
 
 class ExpertFfn {
  public:
@@ -24,7 +31,7 @@ class ExpertFfn {
   // most `max_rows` rows per run. `rows_per_expert` is the expected load, which picks the
   // GEMM cluster shape.
   ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int64_t experts, std::int64_t max_rows,
-            double rows_per_expert, GemmPath path, int device);
+            double rows_per_expert, GemmPath path, int device, ExpertFfnOptions options = {});
   ~ExpertFfn();
   ExpertFfn(const ExpertFfn&) = delete;
   ExpertFfn& operator=(const ExpertFfn&) = delete;
@@ -42,8 +49,16 @@ class ExpertFfn {
   // row_offset[experts] (known on the host: tokens * top_k on one GPU, the receive capacity
   // with expert parallelism). `mark(stage)` is called before GEMM0, the activation and GEMM1
   // (for per-stage events). build_tables must have been enqueued.
+  // `gemm1_flags` (device, one per band, only growing) receives GEMM1's band flags when the
+  // FFN was made with gemm1_band_flags.
   void run(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
-           __nv_bfloat16* y, const std::function<void(int)>& mark = {});
+           __nv_bfloat16* y, const std::function<void(int)>& mark = {}, unsigned* gemm1_flags = nullptr);
+
+  // GEMM1's tile table as build_tables wrote it (planned path), for a strategy to reorder.
+  GemmTileEntry* gemm1_table();
+  const int* gemm1_count() const;
+  int gemm1_capacity() const;
+  int gemm1_cluster_size() const { return 2; }
 
   const __nv_bfloat16* weights0() const { return w0_.data(); }  // [experts][gemm0_n][hidden]
   const __nv_bfloat16* weights2() const { return w2_.data(); }  // [experts][hidden][ffn]

@@ -1,0 +1,209 @@
+#include "tile_signal.hpp"
+
+#include <algorithm>
+
+#include "comm/cuda/device_sync.cuh"
+#include "cuda_check.hpp"
+#include "exchange_device.cuh"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::cuda {
+
+namespace {
+
+constexpr int kOrderThreads = 1024;
+constexpr int kConsumerThreads = 512;
+constexpr int kMaxGroups = 1024;
+constexpr int kMaxBandsPerSegment = 32;
+
+// Whether rows [lo, hi) of group g hold rows of a rank other than `me`.
+__device__ inline bool holds_remote_rows(const int* block_offset, int g, int world, int me, int lo, int hi) {
+  for (int q = 0; q < world; ++q) {
+    if (q == me) continue;
+    const int b = block_offset[g * world + q], e = block_offset[g * world + q + 1];
+    if (b < e && lo < e && b < hi) return true;
+  }
+  return false;
+}
+
+// Stable partition of `n` items by `is_remote(i)` with one CTA: `place(i, position)` gets each
+// item's place, remote ones first. Two passes over chunks of the CTA's width with a block scan.
+template <typename IsRemote, typename Place>
+__device__ void stable_partition(int n, IsRemote is_remote, Place place) {
+  __shared__ int scan[kOrderThreads];
+  __shared__ int carry;
+  const int t = static_cast<int>(threadIdx.x);
+  int remote_total = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (t == 0) carry = 0;
+    __syncthreads();
+    for (int base = 0; base < n; base += kOrderThreads) {
+      const int i = base + t;
+      const bool remote = i < n && is_remote(i);
+      const bool mine = i < n && (pass == 0 ? remote : !remote);
+      scan[t] = mine ? 1 : 0;
+      __syncthreads();
+      for (int step = 1; step < kOrderThreads; step *= 2) {
+        const int add = t >= step ? scan[t - step] : 0;
+        __syncthreads();
+        scan[t] += add;
+        __syncthreads();
+      }
+      if (mine) place(i, (pass == 0 ? 0 : remote_total) + carry + scan[t] - 1);
+      __syncthreads();
+      if (t == kOrderThreads - 1) carry += scan[t];
+      __syncthreads();
+    }
+    if (pass == 0) remote_total = carry;
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kOrderThreads) build_bands_kernel(const int* row_offset, const int* block_offset, int groups,
+                                                                   int world, int me, TileBand* bands, int capacity, int* count) {
+  __shared__ int band_offset[kMaxGroups + 1];
+  if (threadIdx.x == 0) {
+    int running = 0;
+    for (int g = 0; g < groups; ++g) {
+      band_offset[g] = running;
+      running += (row_offset[g + 1] - row_offset[g] + kPlannedTileM - 1) / kPlannedTileM;
+    }
+    band_offset[groups] = running;
+  }
+  __syncthreads();
+  const int total = band_offset[groups];
+  if (total > capacity) {
+    if (threadIdx.x == 0) *count = -1;
+    return;
+  }
+  auto band_at = [&](int b) {
+    const int g = segment_of(band_offset, 0, groups, b);
+    TileBand band;
+    const int m = b - band_offset[g];
+    band.row_begin = row_offset[g] + m * kPlannedTileM;
+    band.rows = min(kPlannedTileM, row_offset[g + 1] - band.row_begin);
+    band.id = b;
+    band.group = g;
+    band.remote = holds_remote_rows(block_offset, g, world, me, band.row_begin, band.row_begin + band.rows);
+    return band;
+  };
+  stable_partition(
+      total, [&](int b) { return band_at(b).remote != 0; }, [&](int b, int position) { bands[position] = band_at(b); });
+  if (threadIdx.x == 0) *count = total;
+}
+
+__global__ void __launch_bounds__(kOrderThreads) order_remote_first_kernel(GemmTileEntry* table, const int* count, int cluster_size,
+                                                                          const int* block_offset, int world, int me,
+                                                                          GemmTileEntry* scratch) {
+  const int entries = *count;
+  if (entries <= 0) return;
+  for (int i = static_cast<int>(threadIdx.x); i < entries; i += kOrderThreads) scratch[i] = table[i];
+  __syncthreads();
+  auto item_remote = [&](int item) {
+    for (int j = 0; j < cluster_size; ++j) {
+      const GemmTileEntry& e = scratch[item * cluster_size + j];
+      if (e.rows > 0 && holds_remote_rows(block_offset, e.group, world, me, e.row_begin, e.row_begin + e.rows)) return true;
+    }
+    return false;
+  };
+  stable_partition(entries / cluster_size, item_remote, [&](int item, int position) {
+    for (int j = 0; j < cluster_size; ++j) table[position * cluster_size + j] = scratch[item * cluster_size + j];
+  });
+}
+
+// One thread: this rank's GEMM flag >= expected (GPU scope: the producer is on this GPU),
+// bounded like every other wait.
+__device__ inline bool wait_tile_flag(const DeviceTransport& t, const unsigned* flag, unsigned expected, std::uint64_t step) {
+  ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> ref(*const_cast<unsigned*>(flag));
+  const std::uint64_t start = global_timer_ns();
+  std::uint32_t spins = 0;
+  for (;;) {
+    const unsigned seen = ref.load(::cuda::memory_order_acquire);
+    if (seen >= expected) return true;
+    if ((++spins & 63u) == 0) {
+      const std::uint64_t now = global_timer_ns();
+      if (transport_failed(t)) {
+        record_failure(t, comm::WaitState::Aborted, t.rank, comm::WaitSubject::TileFlags, expected, seen, now - start, step);
+        return false;
+      }
+      if (now - start > t.timeout_ns) {
+        record_failure(t, comm::WaitState::TimedOut, t.rank, comm::WaitSubject::TileFlags, expected, seen, now - start, step);
+        return false;
+      }
+      __nanosleep(32);
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransport t, TileSignalArgs a) {
+  const EpExchangeArgs& x = a.exchange;
+  const int N = t.world, me = t.rank, tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32, warp = tid / 32, warps = kConsumerThreads / 32;
+  const std::uint64_t epoch = *x.tables.epoch;
+  const int* block = x.tables.block_offset;
+  const int* back = x.tables.return_offset;
+  const int row_bytes = x.hidden * 2;
+  __shared__ int s_ok;
+  __shared__ TileBand s_bands[kMaxBandsPerSegment];
+  if (tid == 0) s_ok = !x.silent && !transport_failed(t);
+  __syncthreads();
+  const int bands = max(*a.band_count, 0);
+  const int per = a.bands_per_segment;
+  const int segments = (bands + per - 1) / per;
+  for (int s = static_cast<int>(blockIdx.x); s < segments && s_ok; s += static_cast<int>(gridDim.x)) {
+    const int first = s * per, here = min(per, bands - first);
+    if (tid < here) {
+      s_bands[tid] = a.bands[first + tid];
+      if (!wait_tile_flag(t, a.flags + s_bands[tid].id, a.tiles_per_band, epoch)) s_ok = 0;
+    }
+    __syncthreads();  // extends the flags' acquire to the CTA
+    if (!s_ok) break;
+    // the segment's rows, a warp per row, each to its source at its place in the source's order
+    for (int b = 0; b < here; ++b) {
+      const TileBand band = s_bands[b];
+      for (int r = warp; r < band.rows; r += warps) {
+        const int row = band.row_begin + r;
+        const int q = segment_of(block + band.group * N, 0, N, row);
+        const int dest = back[band.group * N + q] + (row - block[band.group * N + q]);
+        copy_row(region_at<std::byte>(t, q, x.layout.returned_rows) + static_cast<std::size_t>(dest) * row_bytes,
+                 x.expert_out + static_cast<std::size_t>(row) * row_bytes, row_bytes, lane);
+      }
+    }
+    __syncthreads();
+  }
+  __syncthreads();  // every row of this CTA is stored before the releases below
+  if (s_ok && tid < N) add_release(region_at<std::uint64_t>(t, tid, x.layout.combine_arrivals) + me, 1);
+  // the combine follows in stream order: CTA 0 ends when every rank's consumer CTAs are done
+  if (blockIdx.x == 0 && tid < N) {
+    wait_at_least(t, region_at<std::uint64_t>(t, me, x.layout.combine_arrivals) + tid, epoch * a.ctas, tid,
+                  comm::WaitSubject::CombineRows, epoch);
+  }
+}
+
+}  // namespace
+
+std::int64_t max_bands(std::int64_t rows, int groups) { return rows / kPlannedTileM + groups + 1; }
+
+void launch_build_bands(cudaStream_t stream, const int* row_offset, const int* block_offset, int groups, int world, int me,
+                        TileBand* bands, int capacity, int* count) {
+  if (groups < 1 || groups > kMaxGroups) throw_internal("tile signal: bad group count");
+  build_bands_kernel<<<1, kOrderThreads, 0, stream>>>(row_offset, block_offset, groups, world, me, bands, capacity, count);
+  TILEMOE_CUDA_CHECK_LAUNCH("tile signal bands");
+}
+
+void launch_order_remote_first(cudaStream_t stream, GemmTileEntry* table, const int* count, int cluster_size,
+                               const int* block_offset, int groups, int world, int me, GemmTileEntry* scratch) {
+  if (cluster_size < 1 || groups < 1) throw_internal("tile signal: bad table order arguments");
+  order_remote_first_kernel<<<1, kOrderThreads, 0, stream>>>(table, count, cluster_size, block_offset, world, me, scratch);
+  TILEMOE_CUDA_CHECK_LAUNCH("tile signal table order");
+}
+
+void launch_tile_signal_consumer(cudaStream_t stream, const DeviceTransport& t, const TileSignalArgs& a) {
+  if (a.ctas < 1 || a.bands_per_segment < 1 || a.bands_per_segment > kMaxBandsPerSegment || a.tiles_per_band < 1) {
+    throw_internal("tile signal: bad consumer arguments");
+  }
+  consumer_kernel<<<a.ctas, kConsumerThreads, 0, stream>>>(t, a);
+  TILEMOE_CUDA_CHECK_LAUNCH("tile signal consumer");
+}
+
+}  // namespace tilemoe::cuda

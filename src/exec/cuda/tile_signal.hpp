@@ -1,0 +1,59 @@
+#pragma once
+// The tile-signal combine overlap on the GPU (ICPP 2026; systems.md section 1), on top of the
+// expert-parallel layer's exchange (ep_exchange.hpp):
+//  - producer: GEMM1 is the planned GEMM over all local experts with one ready flag per row
+//    band (128 rows x all hidden columns: the flag reaches the band's column-tile count per
+//    step), its tile table reordered so that bands holding rows of other ranks come first, and
+//    run on all SMs but the consumer's;
+//  - consumer: a persistent kernel on `ctas` CTAs (its own stream) that takes segments of
+//    `bands_per_segment` bands in the same remote-first order, waits for their flags, and
+//    stores their rows into each row's source rank's returned_rows, exactly where the
+//    sequential combine send puts them; after its last segment a CTA adds 1 to its
+//    combine-arrival counter at every rank, and CTA 0 waits for every rank's CTAs.
+// The rows, the GEMM configuration and the destinations are those of the sequential step, so
+// the combine input, and with it the output, is bitwise the same.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "exec/cuda/ep_exchange.hpp"
+#include "exec/cuda/planned_gemm.hpp"
+
+namespace tilemoe::cuda {
+
+// A row band of the local experts' rows: [row_begin, row_begin + rows), rows <= 128.
+struct TileBand {
+  std::int32_t row_begin = 0;
+  std::int32_t rows = 0;
+  std::int32_t remote = 0;  // holds rows of another rank (shipped first)
+  std::int32_t id = 0;      // its flag: bands numbered in row order, as TileFlags::PerBand does
+  std::int32_t group = 0;   // the local expert
+};
+
+// Bands of `groups` groups with offsets row_offset [groups + 1] (device), in remote-first
+// order (stable): bands[0 .. *count). `block_offset` [groups * world + 1] splits each group's
+// rows by source rank (EpLocalTables). Capacity as max_bands().
+std::int64_t max_bands(std::int64_t rows, int groups);
+void launch_build_bands(cudaStream_t stream, const int* row_offset, const int* block_offset, int groups, int world, int me,
+                        TileBand* bands, int capacity, int* count);
+
+// Reorders the GEMM1 table (entries [0, *count), cluster items of `cluster_size` entries kept
+// together) so that the items of remote bands come first, stably; `scratch` has the table's room.
+void launch_order_remote_first(cudaStream_t stream, GemmTileEntry* table, const int* count, int cluster_size,
+                               const int* block_offset, int groups, int world, int me, GemmTileEntry* scratch);
+
+struct TileSignalArgs {
+  EpExchangeArgs exchange;                 // layout, tables, experts, hidden, silent; expert_out = GEMM1's output
+  const TileBand* bands = nullptr;         // remote-first
+  const int* band_count = nullptr;
+  const unsigned* flags = nullptr;         // GEMM1's per-band flags, zeroed before this step's GEMM1
+                                           // (the bands differ from step to step, so no cumulative target)
+  unsigned tiles_per_band = 0;             // column tiles of GEMM1 (hidden / 256)
+  int ctas = 0;                            // the consumer's CTAs (same on every rank)
+  int bands_per_segment = 1;               // mgb
+};
+
+// The consumer; the epoch is the step's (ep begin step ran before, in stream order).
+void launch_tile_signal_consumer(cudaStream_t stream, const DeviceTransport& transport, const TileSignalArgs& args);
+
+}  // namespace tilemoe::cuda
