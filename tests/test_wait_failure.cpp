@@ -78,6 +78,20 @@ TEST(WaitFailure, OnlyAbortedRecordsAreAnInternalError) {
   EXPECT_THAT(message, HasSubstr("rank 2 stopped waiting"));
 }
 
+TEST(WaitFailure, ExceededCapacityIsBadInputAndWinsOverTimeouts) {
+  comm::WaitFailure f;
+  f.state = static_cast<std::uint32_t>(comm::WaitState::CapacityExceeded);
+  f.rank = 1;
+  f.peer = 3;
+  f.expected = 4096;
+  f.seen = 5000;
+  f.step = 2;
+  std::string message;
+  EXPECT_EQ(kind_of({timed_out(0, 1, comm::WaitSubject::DispatchRows), f}, message), ErrorKind::BadInput);
+  EXPECT_THAT(message, HasSubstr("sends 5000 rows to rank 3, more than its receive capacity of 4096 rows"));
+  EXPECT_THAT(message, HasSubstr("receive_rows"));
+}
+
 TEST(WaitFailure, UnknownStateIsAnInternalError) {
   comm::WaitFailure f;
   f.state = 77;

@@ -19,7 +19,13 @@ std::string describe(const WaitFailure& f) {
   char text[320];
   const char* subject = wait_subject_name(static_cast<WaitSubject>(f.subject));
   const auto seconds = static_cast<double>(f.waited_ns) * 1e-9;
-  if (static_cast<WaitState>(f.state) == WaitState::Aborted) {
+  if (static_cast<WaitState>(f.state) == WaitState::CapacityExceeded) {
+    std::snprintf(text, sizeof text,
+                  "step %llu sends %llu rows to rank %d, more than its receive capacity of %llu rows: raise "
+                  "EpMoeLayerOptions::receive_rows (0 = the dropless worst case); nothing was sent",
+                  static_cast<unsigned long long>(f.step), static_cast<unsigned long long>(f.seen), f.peer,
+                  static_cast<unsigned long long>(f.expected));
+  } else if (static_cast<WaitState>(f.state) == WaitState::Aborted) {
     std::snprintf(text, sizeof text, "rank %d stopped waiting for %s of rank %d in step %llu because another rank had failed",
                   f.rank, subject, f.peer, static_cast<unsigned long long>(f.step));
   } else {
@@ -35,6 +41,9 @@ std::string describe(const WaitFailure& f) {
 void throw_if_failed(const std::vector<WaitFailure>& failures) {
   std::string timed_out;
   int aborted = 0;
+  for (const WaitFailure& f : failures) {
+    if (static_cast<WaitState>(f.state) == WaitState::CapacityExceeded) throw_bad_input(describe(f));
+  }
   const WaitFailure* first_aborted = nullptr;
   for (const WaitFailure& f : failures) {
     const auto state = static_cast<WaitState>(f.state);
@@ -43,7 +52,7 @@ void throw_if_failed(const std::vector<WaitFailure>& failures) {
     } else if (state == WaitState::Aborted) {
       if (!first_aborted) first_aborted = &f;
       ++aborted;
-    } else if (state != WaitState::Clear) {
+    } else if (state != WaitState::Clear && state != WaitState::CapacityExceeded) {
       throw_internal("a device wait record has the unknown state " + std::to_string(f.state));
     }
   }

@@ -294,6 +294,45 @@ void silent_rank_times_out(int ranks, int silent) {
   }
 }
 
+// A receive capacity below what the routing needs: every rank's step fails with a bad-input
+// error naming it, on both dispatch paths, and nobody waits out a timeout.
+void capacity_is_enforced() {
+  std::printf("receive capacity\n");
+  EpWorld world;
+  world.layer = {.tokens = 0, .hidden = 128, .ffn_hidden = 128, .num_experts = 4, .top_k = 1};
+  world.tokens_per_rank.assign(2, 100);
+  const SyntheticStep step = synthetic_step(world, RoutingPattern::OneExpert, 13);  // all to expert 0, on rank 0
+  MoeConfig config = world.layer;
+  config.tokens = 100;
+  for (cuda::DispatchPath path : {cuda::DispatchPath::Device, cuda::DispatchPath::Host}) {
+    cuda::EpMoeLayerOptions options;
+    options.dispatch = path;
+    options.receive_rows = 150;  // rank 0 would receive 200
+    cuda::VirtualWorld vw(2, cuda::EpMoeLayer::region_bytes(config, 2, options), 0, {std::chrono::milliseconds(5000)});
+    std::vector<std::string> message(2);
+    std::vector<double> seconds(2);
+    on_every_rank(2, [&](int r) {
+      const auto ri = static_cast<std::size_t>(r);
+      RankBuffers b(step.inputs[ri], step.logits[ri], 100, config.hidden);
+      cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{3}, vw.rank(r), options);
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        layer.forward(b.stream, b.input, b.logits, b.output, 100);
+        layer.check(b.stream);
+      } catch (const Error& e) {
+        if (e.kind() == ErrorKind::BadInput) message[ri] = e.what();
+      }
+      seconds[ri] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      vw.rank(r).host_barrier();
+    });
+    for (int r = 0; r < 2; ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      expect(message[ri].find("200 rows to rank 0, more than its receive capacity of 150") != std::string::npos && seconds[ri] < 2.0,
+             std::string(cuda::dispatch_path_name(path)) + " dispatch, rank " + std::to_string(r) + ": " + message[ri]);
+    }
+  }
+}
+
 void bad_input_is_refused() {
   std::printf("bad input\n");
   MoeConfig config{.tokens = 16, .hidden = 64, .ffn_hidden = 64, .num_experts = 8, .top_k = 2};
@@ -359,6 +398,7 @@ int main(int argc, char** argv) {
     }
     silent_rank_times_out(4, 2);
     if (!small) silent_rank_times_out(8, 7);
+    capacity_is_enforced();
     bad_input_is_refused();
     for (const Case& c : partitioned) {
       ++n;

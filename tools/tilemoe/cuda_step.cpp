@@ -180,7 +180,7 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
   const auto timeout = std::chrono::milliseconds(options.timeout_ms);
   launch::Rendezvous rendezvous(env, env.rendezvous, timeout);
   const bool remote_peers = env.local_size < env.world_size;  // several nodes: GIN reads the rows it sends from the region
-  cuda::NcclWorld world(rendezvous, cuda::EpMoeLayer::region_bytes(layer, ranks, remote_peers), env.local_rank, {timeout});
+  cuda::NcclWorld world(rendezvous, cuda::EpMoeLayer::region_bytes(layer, ranks, ep_options, remote_peers), env.local_rank, {timeout});
   CudaStepOutput result;
   result.outputs.resize(static_cast<std::size_t>(ranks));
   result.routing.resize(static_cast<std::size_t>(ranks));

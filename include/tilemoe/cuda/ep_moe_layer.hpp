@@ -66,14 +66,21 @@ struct EpMoeLayerOptions {
   // it waits for and ships as one segment (mgb).
   int consumer_ctas = 0;
   int bands_per_segment = 1;
+  // Rows a rank can receive per step; 0 = the dropless worst case (every source's tokens x
+  // min(top_k, local experts) rows, 3.8 GB per rank at DeepSeek-V3's shape with 8 x 4096
+  // tokens). A smaller capacity (DeepEP's max tokens per rank) saves memory; a step whose
+  // routing exceeds it fails on every rank with a bad-input error, it never drops rows.
+  std::int64_t receive_rows = 0;
 };
 
 class EpMoeLayer {
  public:
   // Bytes of the symmetric region each rank needs for `layer` (layer.tokens = the most tokens
-  // a rank forwards per step) in a world of `world` ranks. `remote_peers`: some peers are on
-  // other nodes (GIN), so the rows a rank sends must live in its region too.
-  static std::size_t region_bytes(const MoeConfig& layer, int world, bool remote_peers = false);
+  // a rank forwards per step) in a world of `world` ranks, with these options (their
+  // receive_rows). `remote_peers`: some peers are on other nodes (GIN), so the rows a rank
+  // sends must live in its region too.
+  static std::size_t region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options = {},
+                                  bool remote_peers = false);
 
   // Construct on every rank of the world at about the same time (each rank in its own thread
   // or process): the constructor ends with a host barrier of the world. No forward of another

@@ -23,6 +23,14 @@ __device__ inline int destination_of_group(int group, int rank, int world) { ret
 
 __global__ void begin_step_kernel(std::uint64_t* epoch) { *epoch += 1; }
 
+// A failing step leaves tables of zero rows, so that the kernels after the dispatch in stream
+// order (GEMMs, combine send, consumer) touch no memory outside their buffers. One CTA.
+__device__ inline void zero_receive_tables(const EpLocalTables& tables, int L, int N) {
+  for (int i = static_cast<int>(threadIdx.x); i <= L; i += blockDim.x) tables.local_row_offset[i] = 0;
+  for (int i = static_cast<int>(threadIdx.x); i <= L * N; i += blockDim.x) tables.block_offset[i] = 0;
+  for (int i = static_cast<int>(threadIdx.x); i < L * N; i += blockDim.x) tables.return_offset[i] = 0;
+}
+
 // Dynamic shared memory: counts [world][experts], then row_offset [experts + 1], the dest
 // base [experts] and a scratch [experts].
 __global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTransport t, EpExchangeArgs a) {
@@ -65,14 +73,8 @@ __global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTran
     s_ok = 0;
   }
   __syncthreads();
-  if (!s_ok) {
-    // the step is failing: leave tables of zero rows, so that the kernels after this one in
-    // stream order (GEMMs, combine send) touch no memory outside their buffers
-    if (blockIdx.x == 0) {
-      for (int i = tid; i <= L; i += blockDim.x) a.tables.local_row_offset[i] = 0;
-      for (int i = tid; i <= L * N; i += blockDim.x) a.tables.block_offset[i] = 0;
-      for (int i = tid; i < L * N; i += blockDim.x) a.tables.return_offset[i] = 0;
-    }
+  if (!s_ok) {  // the step is failing
+    if (blockIdx.x == 0) zero_receive_tables(a.tables, L, N);
     return;
   }
   const int* inbox = region_at<int>(t, me, a.layout.counts_inbox);
@@ -120,6 +122,9 @@ __global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTran
     }
   }
   __syncthreads();
+  __shared__ int s_over;
+  if (tid == 0) s_over = 0;
+  __syncthreads();
   for (int p = tid; p < N; p += blockDim.x) {
     int running = 0;
     for (int x = p * L; x < (p + 1) * L; ++x) {
@@ -127,8 +132,20 @@ __global__ void __launch_bounds__(kEpExchangeThreads) dispatch_kernel(DeviceTran
       s_dest_base[x] = running + s_scratch[x];
       running += total;
     }
+    // every rank sees the same counts, so every rank reaches the same verdict: nobody sends
+    if (running > a.layout.receive_capacity) {
+      s_over = 1;
+      if (blockIdx.x == 0) {
+        record_failure(t, comm::WaitState::CapacityExceeded, p, comm::WaitSubject::DispatchRows,
+                       static_cast<std::uint64_t>(a.layout.receive_capacity), static_cast<std::uint64_t>(running), 0, epoch);
+      }
+    }
   }
   __syncthreads();
+  if (s_over) {
+    if (blockIdx.x == 0) zero_receive_tables(a.tables, L, N);
+    return;
+  }
 
   // 4. my rows for this CTA's destination, straight to their final rows there
   const int group = blockIdx.x / a.ctas_per_peer, member = blockIdx.x % a.ctas_per_peer;
@@ -268,7 +285,7 @@ void check_args(const DeviceTransport& t, const EpExchangeArgs& a) {
 }  // namespace
 
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
-                                std::int64_t top_k, bool remote_sources) {
+                                std::int64_t top_k, bool remote_sources, std::int64_t receive_rows) {
   if (world < 1 || world > kMaxRanks) {
     throw_bad_input("a load/store world has 1 to " + std::to_string(kMaxRanks) + " ranks, not " + std::to_string(world));
   }
@@ -284,6 +301,8 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
   l.combine_arrivals = at;
   at = align_up(at + static_cast<std::size_t>(world) * 8, 4096);
   l.receive_capacity = world * max_tokens * std::min<std::int64_t>(top_k, experts / world);
+  if (receive_rows < 0) throw_bad_input("a receive capacity must not be negative (0 = the dropless worst case)");
+  if (receive_rows > 0) l.receive_capacity = std::min(l.receive_capacity, receive_rows);
   l.dispatch_rows = at;
   at = align_up(at + static_cast<std::size_t>(l.receive_capacity * hidden) * 2, 4096);
   l.returned_rows = at;

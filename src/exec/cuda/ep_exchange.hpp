@@ -38,12 +38,14 @@ struct EpRegionLayout {
   std::size_t send_rows = 0;          // [max_tokens * top_k][hidden] bf16
   std::size_t expert_out = 0;         // [receive_capacity][hidden] bf16
   std::size_t bytes = 0;              // the whole region, a multiple of 4 KiB
-  std::int64_t receive_capacity = 0;  // rows: every source's tokens times min(top_k, local experts)
+  std::int64_t receive_capacity = 0;  // rows: every source's tokens times min(top_k, local experts), or less if asked
 };
 
 // `remote_sources`: the world has GIN peers (several nodes), so the send side lives in the region.
+// `receive_rows` > 0 caps the receive capacity below the dropless worst case (a step that
+// would exceed it fails on every rank, nothing dropped).
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
-                                std::int64_t top_k, bool remote_sources = false);
+                                std::int64_t top_k, bool remote_sources = false, std::int64_t receive_rows = 0);
 
 // This rank's device tables of a step, written by the dispatch kernel.
 struct EpLocalTables {

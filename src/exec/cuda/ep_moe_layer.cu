@@ -112,8 +112,9 @@ struct EpMoeLayer::Impl {
   }
 };
 
-std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, bool remote_peers) {
-  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers).bytes;
+std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options, bool remote_peers) {
+  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers, options.receive_rows)
+      .bytes;
 }
 
 void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o) {
@@ -133,7 +134,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   local_experts = static_cast<int>(c.num_experts / world);
   remote_peers = t.device_view().gin_comm != nullptr;
   if (remote_peers && o.identity_experts) throw_bad_input("identity experts (an exchange benchmark) need a load/store world");
-  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers);
+  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, o.receive_rows);
   if (t.region_bytes() < layout.bytes) {
     throw_bad_input("the world's symmetric regions hold " + std::to_string(t.region_bytes()) + " bytes; this layer needs " +
                     std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes" + (remote_peers ? ", with remote peers)" : ")"));
@@ -324,9 +325,20 @@ void EpMoeLayer::Impl::host_dispatch(cudaStream_t stream, int /*tokens*/) {
     recv_bytes[pi] = static_cast<std::size_t>(rows) * row_bytes;
     received += static_cast<std::size_t>(rows);
   }
-  if (received > static_cast<std::size_t>(layout.receive_capacity)) {
-    throw_internal("host dispatch: " + std::to_string(received) + " rows for rank " + std::to_string(me) + ", capacity " +
-                   std::to_string(layout.receive_capacity));
+  // every rank checks every destination on the same gathered counts: all refuse together,
+  // before any row moves
+  for (int p = 0; p < N; ++p) {
+    std::int64_t rows = 0;
+    for (int q = 0; q < N; ++q) rows += offset_of(q, (p + 1) * L) - offset_of(q, p * L);
+    if (rows > layout.receive_capacity) {
+      comm::WaitFailure f;
+      f.state = static_cast<std::uint32_t>(comm::WaitState::CapacityExceeded);
+      f.rank = me;
+      f.peer = p;
+      f.expected = static_cast<std::uint64_t>(layout.receive_capacity);
+      f.seen = static_cast<std::uint64_t>(rows);
+      throw_bad_input(comm::describe(f));
+    }
   }
   // tables: [0] staging -> dispatch rows, [1] the way back; block b = le * N + q in both
   int* t = host_tables->data();
