@@ -43,4 +43,23 @@ struct TracedStep {
 // that segment. Steps are laid one after another on the time axis. Written atomically.
 void write_trace(const std::string& path, const std::vector<TracedStep>& steps);
 
+// A span measured on a GPU (%globaltimer ns): the GPU executors' traces. `track` names a lane
+// of the rank ("GEMM1 tiles", "consumer"); `remote` marks communication of rows for other ranks.
+struct DeviceSpan {
+  std::int32_t rank = 0;
+  std::string track;
+  std::string label;
+  std::uint64_t start_ns = 0;
+  std::uint64_t end_ns = 0;
+  bool remote = false;
+};
+
+// Share of the remote spans of `comm_track` that ran while some span of `compute_track` ran on
+// the same rank: the communication hidden under compute (0 if there is none).
+double hidden_share(const std::vector<DeviceSpan>& spans, const std::string& compute_track, const std::string& comm_track);
+
+// Trace-event JSON (Chrome / Perfetto): a process per rank, a thread per track, a span per
+// DeviceSpan, times relative to the earliest span. Written atomically.
+void write_device_trace(const std::string& path, const std::string& label, const std::vector<DeviceSpan>& spans);
+
 }  // namespace tilemoe

@@ -45,6 +45,28 @@ std::int64_t intersection(const std::vector<Interval>& a, const std::vector<Inte
   return n;
 }
 
+// Writes {"traceEvents": events} to `path` through a temporary file, so a failure leaves
+// nothing half-written there.
+void write_trace_events(const std::string& path, const nlohmann::json& events) {
+  const nlohmann::json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    if (!out) throw_bad_input("cannot write the trace to '" + path + "': check the directory exists and is writable");
+    out << doc.dump();
+    if (!out.flush()) {
+      std::remove(temporary.c_str());
+      throw_bad_input("writing the trace to '" + path + "' failed");
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    std::remove(temporary.c_str());
+    throw_bad_input("cannot write the trace to '" + path + "': " + error.message());
+  }
+}
+
 bool is_remote_segment(const StepPlan& plan, TaskRef task) {
   return task.kind == TaskKind::Segment && plan.segments[task.index].dest_rank != plan.rank;
 }
@@ -150,23 +172,49 @@ void write_trace(const std::string& path, const std::vector<TracedStep>& steps) 
     offset_us = ts(end_ns) + 100.0;
     pid_base += static_cast<int>(plans.size());
   }
-  const json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw_bad_input("cannot write the trace to '" + path + "': check the directory exists and is writable");
-    out << doc.dump();
-    if (!out.flush()) {
-      std::remove(temporary.c_str());
-      throw_bad_input("writing the trace to '" + path + "' failed");
+  write_trace_events(path, events);
+}
+
+double hidden_share(const std::vector<DeviceSpan>& spans, const std::string& compute_track, const std::string& comm_track) {
+  std::map<std::int32_t, std::vector<Interval>> compute, comm;
+  for (const DeviceSpan& s : spans) {
+    const Interval span{static_cast<std::int64_t>(s.start_ns), static_cast<std::int64_t>(s.end_ns)};
+    if (s.track == compute_track) compute[s.rank].push_back(span);
+    if (s.track == comm_track && s.remote) comm[s.rank].push_back(span);
+  }
+  std::int64_t total = 0, hidden = 0;
+  for (auto& [rank, c] : comm) {
+    const auto m = merged(c);
+    total += length(m);
+    hidden += intersection(merged(compute[rank]), m);
+  }
+  return total > 0 ? static_cast<double>(hidden) / static_cast<double>(total) : 0.0;
+}
+
+void write_device_trace(const std::string& path, const std::string& label, const std::vector<DeviceSpan>& spans) {
+  using nlohmann::json;
+  json events = json::array();
+  std::uint64_t origin = ~0ull;
+  for (const DeviceSpan& s : spans) origin = std::min(origin, s.start_ns);
+  std::map<std::int32_t, std::map<std::string, int>> tracks;  // rank -> track -> tid
+  for (const DeviceSpan& s : spans) {
+    auto& mine = tracks[s.rank];
+    if (mine.count(s.track)) continue;
+    const int tid = static_cast<int>(mine.size());
+    mine[s.track] = tid;
+    if (tid == 0) {
+      events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", s.rank}, {"args", {{"name", label + " rank " + std::to_string(s.rank)}}}});
+      events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", s.rank}, {"args", {{"sort_index", s.rank}}}});
     }
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", s.rank}, {"tid", tid}, {"args", {{"name", s.track}}}});
   }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw_bad_input("cannot write the trace to '" + path + "': " + error.message());
+  for (const DeviceSpan& s : spans) {
+    const double start_us = static_cast<double>(s.start_ns - origin) / 1e3;
+    const double dur_us = s.end_ns > s.start_ns ? static_cast<double>(s.end_ns - s.start_ns) / 1e3 : 0.001;
+    events.push_back({{"ph", "X"}, {"name", s.label}, {"cat", s.remote ? "remote" : "local"}, {"pid", s.rank},
+                      {"tid", tracks[s.rank][s.track]}, {"ts", start_us}, {"dur", std::max(0.001, dur_us)}});
   }
+  write_trace_events(path, events);
 }
 
 }  // namespace tilemoe
