@@ -41,8 +41,9 @@ TEST(DeviceTrace, HiddenShareCountsRemoteTimeUnderComputeOfTheSameRank) {
 
 TEST(DeviceTrace, WritesAProcessPerRankAndAThreadPerTrack) {
   const auto path = (std::filesystem::temp_directory_path() / "tilemoe_device_trace_test.json").string();
-  const std::vector<DeviceSpan> spans = {span(0, "GEMM1 tiles", 5000, 6000), span(0, "consumer", 5500, 7000, true),
-                                         span(1, "GEMM1 tiles", 5200, 6100)};
+  std::vector<DeviceSpan> spans = {span(0, "GEMM1 tiles", 5000, 6000), span(0, "consumer", 5500, 7000, true),
+                                   span(1, "GEMM1 tiles", 5200, 6100), span(0, "GEMM1 tiles", 5100, 5900)};
+  spans.back().lane = 1;  // a second CTA of rank 0's GEMM: its own thread
   write_device_trace(path, "tile_signal", spans);
   std::ifstream in(path);
   const auto doc = nlohmann::json::parse(in);
@@ -57,8 +58,8 @@ TEST(DeviceTrace, WritesAProcessPerRankAndAThreadPerTrack) {
     }
   }
   EXPECT_EQ(processes, 2);
-  EXPECT_EQ(threads, 3);
-  EXPECT_EQ(slices, 3);
+  EXPECT_EQ(threads, 4);
+  EXPECT_EQ(slices, 4);
   EXPECT_EQ(earliest, 0.0);  // relative to the first span
   std::filesystem::remove(path);
 }

@@ -43,11 +43,13 @@ struct TracedStep {
 // that segment. Steps are laid one after another on the time axis. Written atomically.
 void write_trace(const std::string& path, const std::vector<TracedStep>& steps);
 
-// A span measured on a GPU (%globaltimer ns): the GPU executors' traces. `track` names a lane
-// of the rank ("GEMM1 tiles", "consumer"); `remote` marks communication of rows for other ranks.
+// A span measured on a GPU (%globaltimer ns): the GPU executors' traces. `track` names what
+// ran ("GEMM1 tiles", "consumer"), `lane` which of its CTAs (a trace thread per track and
+// lane); `remote` marks communication of rows for other ranks.
 struct DeviceSpan {
   std::int32_t rank = 0;
   std::string track;
+  std::int32_t lane = 0;
   std::string label;
   std::uint64_t start_ns = 0;
   std::uint64_t end_ns = 0;
@@ -58,8 +60,8 @@ struct DeviceSpan {
 // the same rank: the communication hidden under compute (0 if there is none).
 double hidden_share(const std::vector<DeviceSpan>& spans, const std::string& compute_track, const std::string& comm_track);
 
-// Trace-event JSON (Chrome / Perfetto): a process per rank, a thread per track, a span per
-// DeviceSpan, times relative to the earliest span. Written atomically.
+// Trace-event JSON (Chrome / Perfetto): a process per rank, a thread per track and lane, a
+// span per DeviceSpan, times relative to the earliest span. Written atomically.
 void write_device_trace(const std::string& path, const std::string& label, const std::vector<DeviceSpan>& spans);
 
 }  // namespace tilemoe

@@ -196,23 +196,24 @@ void write_device_trace(const std::string& path, const std::string& label, const
   json events = json::array();
   std::uint64_t origin = ~0ull;
   for (const DeviceSpan& s : spans) origin = std::min(origin, s.start_ns);
-  std::map<std::int32_t, std::map<std::string, int>> tracks;  // rank -> track -> tid
+  std::map<std::int32_t, std::map<std::pair<std::string, std::int32_t>, int>> tracks;  // rank -> (track, lane) -> tid
   for (const DeviceSpan& s : spans) {
     auto& mine = tracks[s.rank];
-    if (mine.count(s.track)) continue;
+    if (mine.count({s.track, s.lane})) continue;
     const int tid = static_cast<int>(mine.size());
-    mine[s.track] = tid;
+    mine[{s.track, s.lane}] = tid;
     if (tid == 0) {
       events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", s.rank}, {"args", {{"name", label + " rank " + std::to_string(s.rank)}}}});
       events.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", s.rank}, {"args", {{"sort_index", s.rank}}}});
     }
-    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", s.rank}, {"tid", tid}, {"args", {{"name", s.track}}}});
+    events.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", s.rank}, {"tid", tid},
+                      {"args", {{"name", s.track + " " + std::to_string(s.lane)}}}});
   }
   for (const DeviceSpan& s : spans) {
     const double start_us = static_cast<double>(s.start_ns - origin) / 1e3;
     const double dur_us = s.end_ns > s.start_ns ? static_cast<double>(s.end_ns - s.start_ns) / 1e3 : 0.001;
     events.push_back({{"ph", "X"}, {"name", s.label}, {"cat", s.remote ? "remote" : "local"}, {"pid", s.rank},
-                      {"tid", tracks[s.rank][s.track]}, {"ts", start_us}, {"dur", std::max(0.001, dur_us)}});
+                      {"tid", tracks[s.rank][{s.track, s.lane}]}, {"ts", start_us}, {"dur", std::max(0.001, dur_us)}});
   }
   write_trace_events(path, events);
 }

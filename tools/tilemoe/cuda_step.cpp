@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "exec/cuda/cuda_check.hpp"
@@ -71,6 +72,12 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
     TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
     result.outputs[ri] = std::move(output);
     result.routing[ri] = ep.last_routing(stream, tokens);
+    if (options.record_trace) {
+      std::vector<DeviceSpan> spans = ep.last_trace(stream);
+      static std::mutex spans_mutex;  // ranks are threads with virtual ranks
+      std::lock_guard lock(spans_mutex);
+      result.spans.insert(result.spans.end(), spans.begin(), spans.end());
+    }
     transport.host_barrier();  // no rank frees memory while a peer still runs its step
   }
   cudaEventDestroy(start);
@@ -93,6 +100,7 @@ cuda::EpMoeLayerOptions ep_layer_options(const CudaStepOptions& options) {
   } else {
     throw_bad_input("unknown --dispatch '" + options.dispatch + "': use device or host");
   }
+  ep_options.record_trace = options.trace;
   if (options.strategy == "tile_signal") {
     ep_options.strategy = cuda::EpStrategy::TileSignal;
   } else if (options.strategy != "sequential") {
@@ -229,6 +237,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& op
   if (options.transport != "virtual") throw_bad_input("unknown --transport '" + options.transport + "': use virtual or nccl");
   if (step.world.world_size() > 1) return run_virtual_ranks(step, options);
   if (options.strategy != "sequential") throw_bad_input("--strategy " + options.strategy + " overlaps communication: use --ranks 2 or more");
+  if (options.trace) throw_bad_input("--backend cuda writes device traces of expert-parallel steps: use --ranks 2 or more");
   const MoeConfig config = step.world.rank_config(0);
   cuda::MoeLayer layer(config, step.weights);
   const Matrix& input = step.inputs[0];

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "step_options.hpp"
+#include "tilemoe/trace.hpp"
 
 namespace tilemoe::cli {
 
@@ -16,6 +17,7 @@ struct CudaStepOptions {
   double link_gbps = 0.0;           // virtual ranks: emulated outgoing link per rank, GB/s (0 = unpaced)
   int sms_per_rank = 0;             // virtual ranks: an SM partition of this many SMs each (0 = share the GPU)
   std::int64_t timeout_ms = 30000;  // bound of every device and host wait
+  bool trace = false;               // multi-rank: record device timestamps of the timed step
 };
 
 struct CudaStepOutput {
@@ -24,6 +26,7 @@ struct CudaStepOutput {
   double forward_ms = 0.0;       // one forward after a warm-up, CUDA events (the slowest rank)
   std::string description;       // how it ran: "1 rank" / "4 virtual ranks, device dispatch, ..."
   bool quiet = false;            // a rank other than 0 of a multi-process world: rank 0 reports
+  std::vector<DeviceSpan> spans; // with CudaStepOptions::trace: this process's ranks' device spans
 };
 
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options);

@@ -64,6 +64,7 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
   cuda_options.dispatch = options.dispatch;
   cuda_options.link_gbps = options.link_gbps;
   cuda_options.sms_per_rank = options.sms_per_rank;
+  cuda_options.trace = !options.trace_path.empty();
   cuda_options.timeout_ms = options.timeout_ms;
   const CudaStepOutput gpu = run_cuda_step(step, cuda_options);
   const auto plans = compile_plan(Strategy::Sequential, step.world, gpu.routing, options.step.plan);
@@ -94,6 +95,16 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
     return 1;
   }
   if (!options.output_path.empty() && !gpu.quiet) write_step_output(options.output_path, gpu.outputs);
+  if (!options.trace_path.empty()) {
+    // multi-process worlds: each process writes its own ranks, rank 0 at the path given
+    const std::string path = gpu.quiet ? options.trace_path + ".rank" + std::to_string(gpu.spans.empty() ? 0 : gpu.spans.front().rank)
+                                       : options.trace_path;
+    write_device_trace(path, cuda_options.strategy, gpu.spans);
+    if (!gpu.quiet && !options.json) {
+      std::printf("trace: %s (open in https://ui.perfetto.dev); remote rows shipped while GEMM1 ran: %.0f%%\n", path.c_str(),
+                  100.0 * hidden_share(gpu.spans, "GEMM1 tiles", "consumer"));
+    }
+  }
   return 0;
 #else
   (void)options;

@@ -17,11 +17,13 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tilemoe/config.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/cuda/rank_transport.hpp"
 #include "tilemoe/routing.hpp"
+#include "tilemoe/trace.hpp"
 #include "tilemoe/weights.hpp"
 
 namespace tilemoe::cuda {
@@ -71,6 +73,9 @@ struct EpMoeLayerOptions {
   // tokens). A smaller capacity (DeepEP's max tokens per rank) saves memory; a step whose
   // routing exceeds it fails on every rank with a bad-input error, it never drops rows.
   std::int64_t receive_rows = 0;
+  // Record device timestamps of GEMM1's tiles and (tile_signal) the consumer's segments, for
+  // last_trace(). Costs a store per tile and segment.
+  bool record_trace = false;
 };
 
 class EpMoeLayer {
@@ -103,6 +108,10 @@ class EpMoeLayer {
   // Waits for the stream, then throws what the step found: a NaN/Inf router logit (bad
   // input), a device wait that timed out (a Timeout error naming the rank that stalled).
   void check(cudaStream_t stream);
+
+  // The last forward's GEMM1 tiles (track "GEMM1 tiles", a lane per CTA) and consumer segments
+  // (track "consumer", a lane per CTA), %globaltimer ns; needs record_trace (waits for the stream).
+  std::vector<DeviceSpan> last_trace(cudaStream_t stream) const;
 
   // The routing of this rank's tokens in the last forward (waits for the stream).
   Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;

@@ -85,6 +85,8 @@ struct EpMoeLayer::Impl {
   cudaStream_t consumer = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
   int consumer_ctas = 0;
+  // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
+  DeviceArray<unsigned long long> tile_times, segment_times;
 
   void init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o);
   void finish_init();
@@ -238,6 +240,11 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
                                     layout.receive_capacity, rows_per_expert, o.gemm, device, ffn_options);
   if (o.strategy == EpStrategy::TileSignal) {
     table_scratch = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
+  }
+  if (o.record_trace) {
+    if (o.gemm != GemmPath::Planned) throw_bad_input("device traces need the planned GEMM (its tile times)");
+    tile_times = DeviceArray<unsigned long long>(2 * static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
+    if (o.strategy == EpStrategy::TileSignal) segment_times = DeviceArray<unsigned long long>(3 * bands.count());
   }
 }
 
@@ -458,11 +465,12 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
               ts.tiles_per_band = static_cast<unsigned>((c.hidden + kPlannedTileN - 1) / kPlannedTileN);
               ts.ctas = m.consumer_ctas;
               ts.bands_per_segment = m.options.bands_per_segment;
+              ts.segment_times = m.segment_times.data();
               launch_tile_signal_consumer(m.consumer, view, ts);
               TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
             }
           },
-          overlap ? m.band_flags.data() : nullptr);
+          overlap ? m.band_flags.data() : nullptr, m.tile_times.data());
     } else {
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
@@ -501,6 +509,77 @@ void EpMoeLayer::check(cudaStream_t stream) {
     throw_bad_input("rank " + std::to_string(m.rank) + ", token " + std::to_string(bad) +
                     ": a router logit is NaN or infinite; the router produced invalid values");
   }
+}
+
+std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
+  const Impl& m = *impl_;
+  if (!m.options.record_trace) throw_bad_input("last_trace needs EpMoeLayerOptions::record_trace");
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int N = m.world, L = m.local_experts;
+  auto fetch = [&](auto* dst, const auto* src, std::size_t count) {
+    if (count > 0) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(*dst), cudaMemcpyDeviceToHost, m.own));
+  };
+  int entries = 0;
+  fetch(&entries, m.ffn->gemm1_count(), 1);
+  std::vector<int> block(static_cast<std::size_t>(L * N + 1));
+  fetch(block.data(), m.block_offset.data(), block.size());
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(m.own));
+  entries = std::max(entries, 0);
+  std::vector<GemmTileEntry> table(static_cast<std::size_t>(entries));
+  std::vector<unsigned long long> tiles(2 * table.size());
+  fetch(table.data(), m.ffn->gemm1_table(), table.size());
+  fetch(tiles.data(), m.tile_times.data(), tiles.size());
+  int band_total = 0;
+  if (m.options.strategy == EpStrategy::TileSignal) fetch(&band_total, m.band_count.data(), 1);
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(m.own));
+  // rows [lo, hi) of expert le hold rows of another rank
+  auto remote = [&](int le, int lo, int hi) {
+    for (int q = 0; q < N; ++q) {
+      const int b = block[static_cast<std::size_t>(le * N + q)], e = block[static_cast<std::size_t>(le * N + q + 1)];
+      if (q != m.rank && b < e && lo < e && b < hi) return true;
+    }
+    return false;
+  };
+  std::vector<DeviceSpan> spans;
+  const int clusters = std::max(m.ffn->gemm1_grid_ctas() / 2, 1);
+  for (int i = 0; i < entries; ++i) {
+    const GemmTileEntry& e = table[static_cast<std::size_t>(i)];
+    if (e.rows == 0) continue;
+    DeviceSpan s;
+    s.rank = m.rank;
+    s.track = "GEMM1 tiles";
+    s.lane = ((i / 2) % clusters) * 2 + i % 2;  // cluster c runs items c, c + C, ...; mates side by side
+    s.label = "expert " + std::to_string(m.rank * L + e.group) + " rows " + std::to_string(e.row_begin) + "+" + std::to_string(e.rows) +
+              " cols " + std::to_string(e.col_tile * kPlannedTileN);
+    s.start_ns = tiles[2 * static_cast<std::size_t>(i)];
+    s.end_ns = tiles[2 * static_cast<std::size_t>(i) + 1];
+    s.remote = remote(e.group, e.row_begin, e.row_begin + e.rows);
+    spans.push_back(std::move(s));
+  }
+  if (band_total > 0) {
+    std::vector<TileBand> bands(static_cast<std::size_t>(band_total));
+    const int per = m.options.bands_per_segment, segments = (band_total + per - 1) / per;
+    std::vector<unsigned long long> times(3 * static_cast<std::size_t>(segments));
+    fetch(bands.data(), m.bands.data(), bands.size());
+    fetch(times.data(), m.segment_times.data(), times.size());
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(m.own));
+    for (int sgm = 0; sgm < segments; ++sgm) {
+      DeviceSpan s;
+      s.rank = m.rank;
+      s.track = "consumer";
+      s.lane = sgm % m.consumer_ctas;
+      int rows = 0;
+      for (int b = sgm * per; b < std::min(band_total, (sgm + 1) * per); ++b) {
+        rows += bands[static_cast<std::size_t>(b)].rows;
+        s.remote = s.remote || bands[static_cast<std::size_t>(b)].remote != 0;
+      }
+      s.label = "segment " + std::to_string(sgm) + ": " + std::to_string(rows) + " rows";
+      s.start_ns = times[3 * static_cast<std::size_t>(sgm) + 1];  // from its flags' readiness to its rows shipped
+      s.end_ns = times[3 * static_cast<std::size_t>(sgm) + 2];
+      spans.push_back(std::move(s));
+    }
+  }
+  return spans;
 }
 
 Routing EpMoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {

@@ -164,9 +164,11 @@ void ExpertFfn::build_tables(cudaStream_t stream, const int* row_offset) {
 GemmTileEntry* ExpertFfn::gemm1_table() { return impl_->table1.data(); }
 const int* ExpertFfn::gemm1_count() const { return impl_->table_count.data() + 1; }
 int ExpertFfn::gemm1_capacity() const { return impl_->table1_capacity; }
+int ExpertFfn::gemm1_grid_ctas() const { return impl_->planned1 ? impl_->planned1->grid_ctas() : 0; }
 
 void ExpertFfn::run(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
-                    __nv_bfloat16* y, const std::function<void(int)>& mark, unsigned* gemm1_flags) {
+                    __nv_bfloat16* y, const std::function<void(int)>& mark, unsigned* gemm1_flags,
+                    unsigned long long* gemm1_tile_times) {
   Impl& m = *impl_;
   auto stage = [&](int s) {
     if (mark) mark(s);
@@ -207,6 +209,7 @@ void ExpertFfn::run(cudaStream_t stream, const int* row_offset, const __nv_bfloa
     r.N = H;
     r.K = F;
     r.flags = gemm1_flags;
+    r.tile_times = gemm1_tile_times;
     m.planned1->run(stream, r);
   } else {
     m.gemm1->run(stream, E, row_offset, m.act.data(), w2_.data(), y, H, F);

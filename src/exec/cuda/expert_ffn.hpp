@@ -49,16 +49,19 @@ class ExpertFfn {
   // row_offset[experts] (known on the host: tokens * top_k on one GPU, the receive capacity
   // with expert parallelism). `mark(stage)` is called before GEMM0, the activation and GEMM1
   // (for per-stage events). build_tables must have been enqueued.
-  // `gemm1_flags` (device, one per band, only growing) receives GEMM1's band flags when the
-  // FFN was made with gemm1_band_flags.
+  // `gemm1_flags` (device, one per band) receives GEMM1's band flags when the FFN was made with
+  // gemm1_band_flags; `gemm1_tile_times` (device, 2 per table entry) GEMM1's tile start and
+  // flag times (planned path).
   void run(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
-           __nv_bfloat16* y, const std::function<void(int)>& mark = {}, unsigned* gemm1_flags = nullptr);
+           __nv_bfloat16* y, const std::function<void(int)>& mark = {}, unsigned* gemm1_flags = nullptr,
+           unsigned long long* gemm1_tile_times = nullptr);
 
   // GEMM1's tile table as build_tables wrote it (planned path), for a strategy to reorder.
   GemmTileEntry* gemm1_table();
   const int* gemm1_count() const;
   int gemm1_capacity() const;
   int gemm1_cluster_size() const { return 2; }
+  int gemm1_grid_ctas() const;  // the persistent GEMM1's CTAs (cluster c takes items c, c + C, ...)
 
   const __nv_bfloat16* weights0() const { return w0_.data(); }  // [experts][gemm0_n][hidden]
   const __nv_bfloat16* weights2() const { return w2_.data(); }  // [experts][hidden][ffn]

@@ -152,12 +152,14 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
   const int segments = (bands + per - 1) / per;
   for (int s = static_cast<int>(blockIdx.x); s < segments && s_ok; s += static_cast<int>(gridDim.x)) {
     const int first = s * per, here = min(per, bands - first);
+    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s] = global_timer_ns();
     if (tid < here) {
       s_bands[tid] = a.bands[first + tid];
       if (!wait_tile_flag(t, a.flags + s_bands[tid].id, a.tiles_per_band, epoch)) s_ok = 0;
     }
     __syncthreads();  // extends the flags' acquire to the CTA
     if (!s_ok) break;
+    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 1] = global_timer_ns();
     // the segment's rows, a warp per row, each to its source at its place in the source's order
     for (int b = 0; b < here; ++b) {
       const TileBand band = s_bands[b];
@@ -170,6 +172,7 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
       }
     }
     __syncthreads();
+    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 2] = global_timer_ns();
   }
   __syncthreads();  // every row of this CTA is stored before the releases below
   if (s_ok && tid < N) add_release(region_at<std::uint64_t>(t, tid, x.layout.combine_arrivals) + me, 1);

@@ -51,6 +51,8 @@ struct TileSignalArgs {
   unsigned tiles_per_band = 0;             // column tiles of GEMM1 (hidden / 256)
   int ctas = 0;                            // the consumer's CTAs (same on every rank)
   int bands_per_segment = 1;               // mgb
+  unsigned long long* segment_times = nullptr;  // optional [3 * segments]: %globaltimer at the
+                                                // segment's start, flags ready, rows shipped
 };
 
 // The consumer; the epoch is the step's (ep begin step ran before, in stream order).
