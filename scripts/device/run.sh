@@ -2,13 +2,13 @@
 # The one script of a device call: runs the GPU tests, compute-sanitizer and the benchmarks
 # from the binaries built here (scripts/device/pack.sh puts them in build/device-bin, which the
 # call carries), and leaves everything under $OUT: log.txt (all output), gpu.txt,
-# bench.json, ep_bench.json, torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
+# bench.json, ep_bench.json, ts_bench.json (+ traces), torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench ts-bench cli-ts torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -68,6 +68,9 @@ for step in "${steps[@]}"; do
     ep-bench-link)
       run_step ep-bench-link "$bin/ep_exchange_bench" --quick --link-gbps 100 --json "$out/ep_bench_link.json"
       run_step ep-bench-partitions "$bin/ep_exchange_bench" --quick --sms-per-rank 32 --json "$out/ep_bench_partitions.json" ;;
+    ts-bench) run_step ts-bench "$bin/tile_signal_bench" --json "$out/ts_bench.json" --trace "$out/tile_signal_trace.json" ;;
+    ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$out/tile_signal_trace.json" ;;
+    cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$out/cli_tile_signal_trace.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-ep)

@@ -1,0 +1,246 @@
+// The tile-signal combine overlap against the sequential expert-parallel layer, on virtual
+// ranks that each own an SM partition (as if each had a GPU of its own) with the link
+// emulation scaled to the partition: the per-rank link is NVLink's effective 370 GB/s times
+// the partition's share of the H200's 132 SMs, so that the compute/communication balance of a
+// real 8- or 4-GPU node is approached on one GPU. Shapes Mixtral-8x7B and DeepSeek-V3, 4096
+// and 16384 tokens per rank; the sweep c (consumer CTAs) x mgb (bands per segment), auto's
+// pick marked. Per configuration: median over runs of the slowest rank's forward time (CUDA
+// events), the speedup over sequential, the share of remote rows shipped while GEMM1 ran
+// (from a traced run), and a bitwise check of tile_signal against sequential.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/moe_kernels.hpp"
+#include "tilemoe/cuda/ep_moe_layer.hpp"
+#include "tilemoe/cuda/module_loading.hpp"
+#include "tilemoe/cuda/virtual_world.hpp"
+#include "tilemoe/median.hpp"
+#include "tilemoe/trace.hpp"
+
+using namespace tilemoe;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  int hidden, ffn, experts, top_k;
+};
+
+struct Variant {
+  cuda::EpStrategy strategy;
+  int consumer_ctas;  // 0 = auto
+  int mgb;
+};
+
+struct Result {
+  double ms = 0;
+  double hidden = 0;
+  bool bitwise = true;
+  std::string how;
+};
+
+struct RankRun {
+  std::vector<double> ms;
+  std::vector<std::uint16_t> output;
+  std::vector<DeviceSpan> spans;
+  std::string how;
+};
+
+void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cuda::EpMoeLayerOptions& options, int runs,
+              std::uint64_t seed, RankRun& out) {
+  transport.bind_thread();
+  const int r = transport.rank();
+  const std::size_t x_count = static_cast<std::size_t>(config.tokens) * config.hidden;
+  cudaStream_t stream;
+  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  __nv_bfloat16 *x = nullptr, *y = nullptr;
+  float* logits = nullptr;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&x, x_count * 2));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&y, x_count * 2));
+  TILEMOE_CUDA_CHECK(cudaMalloc(&logits, static_cast<std::size_t>(config.tokens) * config.num_experts * 4));
+  cuda::launch_random_bf16(stream, x, x_count, seed + 31 * r, 1.0f);
+  {
+    std::mt19937_64 rng(seed + r);
+    std::normal_distribution<float> normal;
+    std::vector<float> l(static_cast<std::size_t>(config.tokens) * config.num_experts);
+    for (float& v : l) v = normal(rng);
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(logits, l.data(), l.size() * 4, cudaMemcpyHostToDevice, stream));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+  cudaEvent_t start, end;
+  TILEMOE_CUDA_CHECK(cudaEventCreate(&start));
+  TILEMOE_CUDA_CHECK(cudaEventCreate(&end));
+  {
+    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{seed}, transport, options);
+    out.how = layer.description();
+    for (int run = 0; run < runs + 2; ++run) {  // 2 warm-ups
+      transport.host_barrier();
+      TILEMOE_CUDA_CHECK(cudaMemsetAsync(y, 0xff, x_count * 2, stream));
+      TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
+      layer.forward(stream, x, logits, y, config.tokens);
+      TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
+      layer.check(stream);
+      float ms = 0;
+      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+      if (run >= 2) out.ms.push_back(ms);
+    }
+    out.output.resize(x_count);
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(out.output.data(), y, x_count * 2, cudaMemcpyDeviceToHost, stream));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (options.record_trace) out.spans = layer.last_trace(stream);
+    transport.host_barrier();
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(end);
+  cudaFree(x);
+  cudaFree(y);
+  cudaFree(logits);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  cuda::request_eager_module_loading();
+  std::string json_path, trace_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
+    if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];  // the first tile_signal run's
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+  }
+  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  int failures = 0;
+  bool traced = false;
+  try {
+    int sms = 0;
+    TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const std::vector<Shape> shapes = {{"mixtral-8x7b", 4096, 14336, 8, 2}, {"deepseek-v3", 7168, 2048, 256, 8}};
+    const std::vector<int> token_counts = quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384};
+    const std::vector<int> world_sizes = quick ? std::vector<int>{4} : std::vector<int>{4, 8};
+    std::vector<Variant> variants = {{cuda::EpStrategy::Sequential, 0, 1}, {cuda::EpStrategy::TileSignal, 0, 1}};
+    const std::vector<int> sweep_c = quick ? std::vector<int>{2, 8} : std::vector<int>{2, 4, 8, 14, 20, 28};
+    for (int c : sweep_c) {
+      for (int mgb : {1, 2}) variants.push_back({cuda::EpStrategy::TileSignal, c, mgb});
+    }
+    const int runs = quick ? 5 : 10;
+    std::printf("%-13s %6s %5s %-34s %10s %8s %8s %s\n", "shape", "tokens", "ranks", "variant", "layer ms", "speedup", "hidden",
+                "bitwise");
+    for (const Shape& shape : shapes) {
+      for (int tokens : token_counts) {
+        for (int n : world_sizes) {
+          if (shape.experts % n != 0) continue;
+          MoeConfig config;
+          config.tokens = tokens;
+          config.hidden = shape.hidden;
+          config.ffn_hidden = shape.ffn;
+          config.num_experts = shape.experts;
+          config.top_k = shape.top_k;
+          const int sms_per_rank = (sms / n) / 8 * 8;  // the driver's partition granularity
+          cuda::VirtualWorldOptions world_options;
+          world_options.sms_per_rank = sms_per_rank;
+          world_options.link_gbps = 370.0 * sms_per_rank / 132.0;
+          world_options.timeout = std::chrono::milliseconds(30000);
+          // balanced routing sends about tokens x top_k rows to each rank: room for 1.5x that
+          const std::int64_t receive_rows = static_cast<std::int64_t>(1.5 * tokens * shape.top_k);
+          std::vector<std::uint16_t> sequential_output;
+          double sequential_ms = 0;
+          for (const Variant& v : variants) {
+            if (v.consumer_ctas > sms_per_rank - 2) continue;
+            cuda::EpMoeLayerOptions options;
+            options.strategy = v.strategy;
+            options.consumer_ctas = v.consumer_ctas;
+            options.bands_per_segment = v.mgb;
+            options.receive_rows = receive_rows;
+            options.record_trace = v.strategy == cuda::EpStrategy::TileSignal;
+            cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n, options), 0, world_options);
+            std::vector<RankRun> ranks(static_cast<std::size_t>(n));
+            std::vector<std::string> errors(static_cast<std::size_t>(n));
+            std::vector<std::thread> threads;
+            for (int r = 0; r < n; ++r) {
+              threads.emplace_back([&, r] {
+                try {
+                  run_rank(world.rank(r), config, options, runs, 1234, ranks[static_cast<std::size_t>(r)]);
+                } catch (const std::exception& e) {
+                  errors[static_cast<std::size_t>(r)] = e.what();
+                }
+              });
+            }
+            for (auto& t : threads) t.join();
+            bool failed = false;
+            for (int r = 0; r < n; ++r) {
+              if (errors[static_cast<std::size_t>(r)].empty()) continue;
+              std::printf("FAIL %s %d x %d rank %d: %s\n", shape.name, n, tokens, r, errors[static_cast<std::size_t>(r)].c_str());
+              failed = true;
+            }
+            if (failed) {
+              ++failures;
+              continue;
+            }
+            std::vector<double> step_ms;
+            for (int run = 0; run < runs; ++run) {
+              double slowest = 0;
+              for (const RankRun& rr : ranks) slowest = std::max(slowest, rr.ms[static_cast<std::size_t>(run)]);
+              step_ms.push_back(slowest);
+            }
+            Result res;
+            res.ms = median(step_ms);
+            res.how = ranks[0].how;
+            std::vector<std::uint16_t> all;
+            std::vector<DeviceSpan> spans;
+            for (const RankRun& rr : ranks) {
+              all.insert(all.end(), rr.output.begin(), rr.output.end());
+              spans.insert(spans.end(), rr.spans.begin(), rr.spans.end());
+            }
+            if (v.strategy == cuda::EpStrategy::Sequential) {
+              sequential_output = all;
+              sequential_ms = res.ms;
+            } else {
+              res.bitwise = all == sequential_output;
+              res.hidden = hidden_share(spans, "GEMM1 tiles", "consumer");
+              if (!res.bitwise) ++failures;
+              if (!traced && !trace_path.empty()) {
+                write_device_trace(trace_path, std::string(shape.name) + " tile_signal", spans);
+                traced = true;
+              }
+            }
+            const std::string variant =
+                v.strategy == cuda::EpStrategy::Sequential
+                    ? std::string("sequential")
+                    : (v.consumer_ctas == 0 ? "tile_signal auto" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
+                          " mgb=" + std::to_string(v.mgb);
+            std::printf("%-13s %6d %5d %-34s %10.3f %7.2fx %7.0f%% %s   (%s; %d SMs/rank, link %.0f GB/s)\n", shape.name, tokens, n,
+                        variant.c_str(), res.ms, sequential_ms / res.ms, 100.0 * res.hidden,
+                        v.strategy == cuda::EpStrategy::Sequential ? "-" : (res.bitwise ? "yes" : "NO"), res.how.c_str(),
+                        sms_per_rank, world_options.link_gbps);
+            if (json) {
+              std::fprintf(json,
+                           "{\"shape\":\"%s\",\"tokens\":%d,\"ranks\":%d,\"variant\":\"%s\",\"auto\":%s,\"consumer_ctas\":%d,"
+                           "\"mgb\":%d,\"layer_ms\":%.4f,\"sequential_ms\":%.4f,\"hidden_share\":%.4f,\"bitwise\":%s,"
+                           "\"sms_per_rank\":%d,\"link_gbps\":%.1f,\"how\":\"%s\",\"runs\":%d}\n",
+                           shape.name, tokens, n, variant.c_str(), v.consumer_ctas == 0 ? "true" : "false", v.consumer_ctas, v.mgb,
+                           res.ms, sequential_ms, res.hidden, res.bitwise ? "true" : "false", sms_per_rank,
+                           world_options.link_gbps, res.how.c_str(), runs);
+              std::fflush(json);
+            }
+          }
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    ++failures;
+  }
+  if (json) std::fclose(json);
+  std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
+  return failures ? 1 : 0;
+}
