@@ -1,0 +1,51 @@
+#pragma once
+// How many SMs the tile-signal consumer gets: a small cost model of one expert-parallel step's
+// GEMM1 + combine, from two rates calibrated once per GPU (and cached in a file).
+//
+//   GEMM1 on S - c SMs:    Tg(c) = flops / (gemm_rate_per_sm * (S - c))
+//   consumer on c CTAs:    Tc(c) = remote bytes / min(c * copy_rate_per_cta, link)
+//   overlapped:            T(c)  = max(Tg(c), Tc(c)) + Tc(c) / bands     (the last band ships alone)
+//   sequential:            Ts    = Tg(0) + remote bytes / min(S * copy_rate_per_cta, link)
+//
+// The choice is the c in [min, max] with the least T(c); if even that is not below Ts by a
+// margin, the choice is the sequential strategy (the paper's data: 2 SMs of 108 can lose to
+// no overlap at all, so a split is taken only where the model sees it win).
+#include <optional>
+#include <string>
+
+namespace tilemoe {
+
+struct GpuRates {
+  std::string gpu;                      // e.g. "NVIDIA H200, 132 SMs": the cache key
+  int sms = 0;
+  double gemm_flops_per_sm = 0.0;       // bf16 grouped GEMM, FLOP/s per SM
+  double copy_bytes_per_cta = 0.0;      // the consumer's row copy, bytes/s per CTA
+};
+
+struct SplitProblem {
+  double gemm1_flops = 0.0;   // this rank's GEMM1
+  double remote_bytes = 0.0;  // rows it ships to other ranks
+  double link_bytes_per_s = 0.0;  // the rank's outgoing link; 0 = not the limit
+  int bands = 1;              // row bands of GEMM1 (the pipelining grain)
+  int sms = 0;                // SMs the rank's kernels run on
+};
+
+struct SplitChoice {
+  bool overlap = false;       // false: run sequential
+  int consumer_ctas = 0;
+  double predicted_ms = 0.0;  // of the choice
+  double sequential_ms = 0.0;
+};
+
+// Bad input for rates or a problem that make no sense (non-positive rates, too few SMs).
+SplitChoice choose_split(const SplitProblem& problem, const GpuRates& rates, int min_ctas = 2, int max_ctas = 32,
+                         double margin = 0.03);
+
+// The calibration cache: a JSON file of rates per GPU. `load_rates` returns nothing for a
+// missing, unreadable or malformed file, or one without this GPU (the caller calibrates);
+// `save_rates` replaces this GPU's entry, writing through a temporary file.
+std::string default_rates_path();  // $TILEMOE_CACHE_DIR, else $XDG_CACHE_HOME/tilemoe, else ~/.cache/tilemoe; + /gpu_rates.json
+std::optional<GpuRates> load_rates(const std::string& path, const std::string& gpu);
+void save_rates(const std::string& path, const GpuRates& rates);
+
+}  // namespace tilemoe
