@@ -147,7 +147,7 @@ void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTranspor
 }  // namespace
 
 int main(int argc, char** argv) {
-  cuda::request_eager_module_loading();
+  cuda::prepare_cuda_environment();
   std::string json_path;
   bool quick = false;
   double link_gbps = 0;  // --link-gbps G: pace each rank's exchange to G GB/s (the device path only)

@@ -110,7 +110,7 @@ void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cud
 }  // namespace
 
 int main(int argc, char** argv) {
-  cuda::request_eager_module_loading();
+  cuda::prepare_cuda_environment();
   std::string json_path, trace_path;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {

@@ -49,6 +49,7 @@ TEST(SmSplit, NoCommunicationMeansSequential) {
   const SplitChoice c = choose_split(problem(2.0, 0.0, 370.0), h200_like());
   EXPECT_FALSE(c.overlap);
   EXPECT_EQ(c.predicted_ms, c.sequential_ms);
+  EXPECT_EQ(c.best_ctas, 2);  // the least split still has a value, for an explicit tile_signal
 }
 
 TEST(SmSplit, MoreBytesPerFlopTakesMoreConsumerCtasUpToTheLink) {

@@ -32,7 +32,8 @@ struct SplitProblem {
 
 struct SplitChoice {
   bool overlap = false;       // false: run sequential
-  int consumer_ctas = 0;
+  int consumer_ctas = 0;      // the winning split (overlap only)
+  int best_ctas = 0;          // the least T(c) in the range, winning or not
   double predicted_ms = 0.0;  // of the choice
   double sequential_ms = 0.0;
 };

@@ -34,10 +34,15 @@ SplitChoice choose_split(const SplitProblem& problem, const GpuRates& rates, int
   best.sequential_ms = 1e3 * (gemm_all + consumer_seconds(problem, rates, problem.sms));
   best.predicted_ms = best.sequential_ms;
   const int top = std::min(max_ctas, problem.sms - 2);
+  double least = 0.0;
   for (int c = min_ctas; c <= top; ++c) {
     const double gemm = problem.gemm1_flops / (rates.gemm_flops_per_sm * (problem.sms - c));
     const double comm = consumer_seconds(problem, rates, c);
     const double ms = 1e3 * (std::max(gemm, comm) + comm / problem.bands);
+    if (best.best_ctas == 0 || ms < least) {
+      best.best_ctas = c;
+      least = ms;
+    }
     if (ms < best.predicted_ms * (best.overlap ? 1.0 : 1.0 - margin)) {
       best.overlap = true;
       best.consumer_ctas = c;

@@ -365,7 +365,7 @@ void bad_input_is_refused() {
 
 int main(int argc, char** argv) {
   // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound
-  cuda::request_eager_module_loading();
+  cuda::prepare_cuda_environment();
   bool small = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--small")) small = true;

@@ -13,7 +13,7 @@
 
 int main(int argc, char** argv) {
 #ifdef TILEMOE_WITH_CUDA
-  tilemoe::cuda::request_eager_module_loading();  // before any CUDA call: virtual ranks need it
+  tilemoe::cuda::prepare_cuda_environment();  // before any CUDA call: virtual ranks need it
 #endif
   CLI::App app{"tilemoe: expert-parallel MoE layers with compute/communication overlap"};
   app.require_subcommand(1);

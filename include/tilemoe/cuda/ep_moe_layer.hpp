@@ -36,7 +36,10 @@ const char* dispatch_path_name(DispatchPath path);
 //  TileSignal: GEMM1 raises a flag per row band, bands holding other ranks' rows first, and a
 //              consumer kernel on its own CTAs ships each band as soon as it is ready (ICPP
 //              2026). Same rows, same GEMM, same destinations: bitwise the sequential output.
-enum class EpStrategy { Sequential, TileSignal };
+//  Auto:       TileSignal with the consumer CTAs of the SM split's cost model
+//              (include/tilemoe/sm_split.hpp, rates calibrated once per GPU and cached) where
+//              the model sees it win for the layer's shape, else Sequential.
+enum class EpStrategy { Sequential, TileSignal, Auto };
 const char* ep_strategy_name(EpStrategy strategy);
 
 // Events between the stages of an expert-parallel forward (per-stage timing).
@@ -63,8 +66,8 @@ struct EpMoeLayerOptions {
   // their input rows unchanged; no expert weights are allocated. Not a MoE layer.
   bool identity_experts = false;
   EpStrategy strategy = EpStrategy::Sequential;
-  // TileSignal: the consumer's CTAs (GEMM1 leaves as many SMs free; 0 picks an eighth of the
-  // SMs, 2..16; the calibrated choice is still to come) and the bands
+  // TileSignal: the consumer's CTAs (GEMM1 leaves as many SMs free; 0 = the cost model's best
+  // split for the shape) and the bands
   // it waits for and ships as one segment (mgb).
   int consumer_ctas = 0;
   int bands_per_segment = 1;

@@ -9,8 +9,14 @@
 
 namespace tilemoe::cuda {
 
-// Call first thing in main(), before any CUDA call; keeps an explicit user choice.
-inline void request_eager_module_loading() { setenv("CUDA_MODULE_LOADING", "EAGER", 0); }
+// Call first thing in main(), before any CUDA call; keeps an explicit user choice. Also asks
+// for 32 hardware work queues (CUDA_DEVICE_MAX_CONNECTIONS, default 8): virtual ranks use
+// three streams each, and two streams sharing a queue serialise, so an event wait of one rank
+// could sit behind another rank's kernel that waits for the first.
+inline void prepare_cuda_environment() {
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+}
 
 // Whether the driver loads modules lazily in this process (false if it cannot tell).
 bool lazy_module_loading();

@@ -45,6 +45,9 @@ class RankTransport {
   // them: call it first in the thread that drives the rank; streams the thread creates
   // afterwards run on the rank's SMs.
   virtual void bind_thread() = 0;
+  // The rank's outgoing link for the SM split's cost model, bytes/s; 0: not the limit (virtual
+  // ranks without link emulation, where the GPU's memory is the link).
+  virtual double link_bytes_per_s() const = 0;
   virtual const DeviceTransport& device_view() const = 0;
   virtual HostExchange& host_exchange() = 0;
   // All ranks meet on the host; bounded by the world's timeout (a Timeout error names who is

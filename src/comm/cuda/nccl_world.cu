@@ -149,6 +149,13 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
   }
   int ranks_sharing_sms() const override { return 1; }
   void bind_thread() override { TILEMOE_CUDA_CHECK(cudaSetDevice(gpu)); }
+  // NCCL's effective all-to-all ceiling over H200 NVLink, ~370 GB/s per GPU (the line rate is
+  // 450); TILEMOE_LINK_GBPS overrides it for other machines.
+  double link_bytes_per_s() const override {
+    const char* given = std::getenv("TILEMOE_LINK_GBPS");
+    const double gbps = given && *given ? std::atof(given) : 370.0;
+    return gbps > 0.0 ? gbps * 1e9 : 0.0;
+  }
   const DeviceTransport& device_view() const override { return view; }
   HostExchange& host_exchange() override { return *this; }
   void host_barrier() override { rendezvous.barrier(); }

@@ -75,6 +75,7 @@ class VirtualRank final : public RankTransport, public HostExchange {
   int ranks_per_device() const override { return world_.ranks; }
   int sm_count() const override { return world_.partitions ? world_.partitions->sms(rank_) : world_.device_sms; }
   int ranks_sharing_sms() const override { return world_.partitions ? 1 : world_.ranks; }
+  double link_bytes_per_s() const override { return world_.options.link_gbps * 1e9; }
   void bind_thread() override {
     if (world_.partitions) {
       world_.partitions->enter(rank_);

@@ -319,6 +319,18 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
   return l;
 }
 
+__global__ void reset_gin_signals_kernel(DeviceTransport t) {
+  const ncclDevComm& dc = gin_comm(t);
+  ncclGin gin(dc, 0);
+  for (unsigned id = threadIdx.x; id < kGinSignalCount; id += blockDim.x) gin.resetSignal(static_cast<ncclGinSignal_t>(id));
+}
+
+void launch_reset_gin_signals(cudaStream_t stream, const DeviceTransport& t) {
+  if (t.gin_comm == nullptr) return;
+  reset_gin_signals_kernel<<<1, 64, 0, stream>>>(t);
+  TILEMOE_CUDA_CHECK_LAUNCH("reset GIN signals");
+}
+
 void launch_ep_begin_step(cudaStream_t stream, std::uint64_t* epoch) {
   begin_step_kernel<<<1, 1, 0, stream>>>(epoch);
   TILEMOE_CUDA_CHECK_LAUNCH("ep begin step");

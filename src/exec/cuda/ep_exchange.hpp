@@ -70,6 +70,9 @@ struct EpExchangeArgs {
 // The kernels (src/exec/cuda/ep_exchange.cu). All bounded: a wait past the transport's timeout
 // records a WaitFailure and the kernel returns; the host turns it into an error.
 void launch_ep_begin_step(cudaStream_t stream, std::uint64_t* epoch);
+// Worlds with GIN peers: zeroes this rank's exchange signals (a new layer's epochs start at 1).
+// Before the world's host barrier, while no peer signals.
+void launch_reset_gin_signals(cudaStream_t stream, const DeviceTransport& transport);
 void launch_ep_dispatch(cudaStream_t stream, const DeviceTransport& transport, const EpExchangeArgs& args);
 void launch_ep_combine_send(cudaStream_t stream, const DeviceTransport& transport, const EpExchangeArgs& args);
 

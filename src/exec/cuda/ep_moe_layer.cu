@@ -10,6 +10,7 @@
 #include "device_array.hpp"
 #include "ep_exchange.hpp"
 #include "expert_ffn.hpp"
+#include "gpu_rates.hpp"
 #include "moe_kernels.hpp"
 #include "tile_signal.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
@@ -43,7 +44,14 @@ class PinnedArray {
 
 const char* dispatch_path_name(DispatchPath path) { return path == DispatchPath::Device ? "device" : "host"; }
 
-const char* ep_strategy_name(EpStrategy strategy) { return strategy == EpStrategy::Sequential ? "sequential" : "tile_signal"; }
+const char* ep_strategy_name(EpStrategy strategy) {
+  switch (strategy) {
+    case EpStrategy::Sequential: return "sequential";
+    case EpStrategy::TileSignal: return "tile_signal";
+    case EpStrategy::Auto: return "auto";
+  }
+  return "?";
+}
 
 const char* ep_stage_name(int stage) {
   static const char* names[] = {"router", "layout", "permute", "dispatch", "gemm0", "activation", "gemm1", "combine send", "combine"};
@@ -85,6 +93,7 @@ struct EpMoeLayer::Impl {
   cudaStream_t consumer = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
   int consumer_ctas = 0;
+  std::string split_note;  // how the split was chosen, for description()
   // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
   DeviceArray<unsigned long long> tile_times, segment_times;
 
@@ -201,13 +210,35 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
   }
   if (o.identity_experts) {
-    if (o.strategy != EpStrategy::Sequential) throw_bad_input("identity experts run the sequential strategy only");
+    if (o.strategy == EpStrategy::TileSignal) throw_bad_input("identity experts run the sequential strategy only");
+    options.strategy = EpStrategy::Sequential;
     return;
   }
   if (!remote_peers) y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
   const double rows_per_expert = static_cast<double>(world) * static_cast<double>(slots) / static_cast<double>(E);
   ExpertFfnOptions ffn_options;
-  if (o.strategy == EpStrategy::TileSignal) {
+  if (o.strategy == EpStrategy::Auto || (o.strategy == EpStrategy::TileSignal && o.consumer_ctas == 0)) {
+    // the cost model, for the layer's shape under balanced routing: each rank receives about
+    // tokens x top_k rows, (world - 1) / world of them from other ranks
+    const double rows = static_cast<double>(c.tokens * c.top_k);
+    SplitProblem problem;
+    problem.gemm1_flops = 2.0 * rows * static_cast<double>(H) * static_cast<double>(c.ffn_hidden);
+    problem.remote_bytes = rows * (world - 1) / world * static_cast<double>(H) * 2.0;
+    problem.link_bytes_per_s = t.link_bytes_per_s();
+    problem.bands = std::max(1, static_cast<int>(rows / kPlannedTileM));
+    problem.sms = std::max(3, t.sm_count() / sharing);  // ranks sharing the SMs share the GEMM rate too
+    // a consumer CTA takes a whole SM from GEMM1 (its registers block the GEMM's CTA there), so
+    // the budget is in SMs: all sharing ranks' consumers together at most half of them
+    const int most = std::max(2, std::min(32, t.sm_count() / (2 * sharing)));
+    const SplitChoice choice = choose_split(problem, gpu_rates(device), 2, most);
+    if (o.strategy == EpStrategy::Auto) options.strategy = choice.overlap ? EpStrategy::TileSignal : EpStrategy::Sequential;
+    options.consumer_ctas = choice.overlap ? choice.consumer_ctas : choice.best_ctas;
+    char note[160];
+    std::snprintf(note, sizeof note, "model %.3f ms at c=%d vs sequential %.3f ms", choice.overlap ? choice.predicted_ms : 0.0,
+                  options.consumer_ctas, choice.sequential_ms);
+    split_note = std::string(o.strategy == EpStrategy::Auto ? "auto: " : "") + note;
+  }
+  if (options.strategy == EpStrategy::TileSignal) {
     if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
       throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
     }
@@ -216,14 +247,16 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     }
     // auto: an eighth of the SMs (16 on a whole H200), at least 2, and no more than all sharing
     // ranks' consumers can hold resident in half the GPU
-    consumer_ctas = o.consumer_ctas > 0 ? o.consumer_ctas
-                                        : std::max(2, std::min({16, t.sm_count() / 8, resident / (2 * sharing)}));
-    // every sharing rank's consumer waits for its peers': all of them resident at once
-    if (consumer_ctas * sharing > resident / 2 || consumer_ctas > t.sm_count() - 2) {
-      throw_bad_input(std::to_string(consumer_ctas) + " consumer CTAs do not fit next to GEMM1 on " + std::to_string(t.sm_count()) +
-                      " SMs shared by " + std::to_string(sharing) + " rank(s)");
+    consumer_ctas = options.consumer_ctas;
+    // a consumer CTA keeps GEMM1 off its SM: every sharing rank's consumers together get at
+    // most half of the SMs, and GEMM1 runs on the rest
+    if (remote_peers) throw_bad_input("tile_signal does not reach GIN peers (other nodes) yet: use the sequential strategy");
+    if (consumer_ctas * sharing > t.sm_count() / 2 || consumer_ctas * sharing > resident / 2) {
+      throw_bad_input(std::to_string(consumer_ctas) + " consumer CTAs x " + std::to_string(sharing) +
+                      " rank(s) sharing these SMs would take more than half of the " + std::to_string(t.sm_count()) +
+                      " SMs from GEMM1");
     }
-    ffn_options.gemm1_sm_limit = t.sm_count() - consumer_ctas;
+    ffn_options.gemm1_sm_limit = t.sm_count() - consumer_ctas * sharing;
     ffn_options.gemm1_band_flags = true;
     const std::int64_t band_room = max_bands(layout.receive_capacity, local_experts);
     band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
@@ -238,13 +271,13 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
                                     layout.receive_capacity, rows_per_expert, o.gemm, device, ffn_options);
-  if (o.strategy == EpStrategy::TileSignal) {
+  if (options.strategy == EpStrategy::TileSignal) {
     table_scratch = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
   }
   if (o.record_trace) {
     if (o.gemm != GemmPath::Planned) throw_bad_input("device traces need the planned GEMM (its tile times)");
     tile_times = DeviceArray<unsigned long long>(2 * static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
-    if (o.strategy == EpStrategy::TileSignal) segment_times = DeviceArray<unsigned long long>(3 * bands.count());
+    if (options.strategy == EpStrategy::TileSignal) segment_times = DeviceArray<unsigned long long>(3 * bands.count());
   }
 }
 
@@ -252,7 +285,26 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
 // nobody writes into a peer's region before that peer has cleared it.
 void EpMoeLayer::Impl::finish_init() {
   TILEMOE_CUDA_CHECK(cudaMemsetAsync(region(0), 0, layout.dispatch_rows, own));
+  if (remote_peers) launch_reset_gin_signals(own, transport->device_view());  // a previous layer's counts
   TILEMOE_CUDA_CHECK(cudaStreamSynchronize(own));
+  // the arrival targets count the peers' CTAs as this rank's: every rank must run the same
+  // counts (they follow from options and SMs, which could differ between GPUs)
+  const int mine[2] = {ctas_per_peer, consumer_ctas};
+  std::vector<int> all(static_cast<std::size_t>(2 * world));
+  {  // freed before the barrier: cudaFree waits for the whole device, peers' steps included
+    DeviceArray<int> sent(mine, 2), gathered(static_cast<std::size_t>(2 * world));
+    transport->host_exchange().all_gather(own, sent.data(), 2, gathered.data());
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), gathered.data(), all.size() * sizeof(int), cudaMemcpyDeviceToHost, own));
+    transport->synchronize(own, "the ranks' exchange settings");
+  }
+  for (int q = 0; q < world; ++q) {
+    if (all[static_cast<std::size_t>(2 * q)] != mine[0] || all[static_cast<std::size_t>(2 * q + 1)] != mine[1]) {
+      throw_bad_input("rank " + std::to_string(q) + " runs " + std::to_string(all[static_cast<std::size_t>(2 * q)]) +
+                      " exchange CTAs per peer and " + std::to_string(all[static_cast<std::size_t>(2 * q + 1)]) +
+                      " consumer CTAs, rank " + std::to_string(rank) + " " + std::to_string(mine[0]) + " and " +
+                      std::to_string(mine[1]) + ": set EpMoeLayerOptions::exchange_ctas_per_peer and consumer_ctas explicitly");
+    }
+  }
   transport->host_barrier();
 }
 
@@ -286,6 +338,7 @@ std::string EpMoeLayer::description() const {
   if (m.options.strategy == EpStrategy::TileSignal) {
     text += ", consumer " + std::to_string(m.consumer_ctas) + " CTAs x " + std::to_string(m.options.bands_per_segment) + " band(s)";
   }
+  if (!m.split_note.empty()) text += " (" + m.split_note + ")";
   return text + ", " + (m.ffn ? m.ffn->description() : std::string("identity experts"));
 }
 
@@ -496,7 +549,8 @@ void EpMoeLayer::check(cudaStream_t stream) {
   Impl& m = *impl_;
   use_device(m.device);
   try {
-    m.transport->synchronize(stream, "the end of the step", 3);  // dispatch counts, rows, combine
+    // the device waits in a row: dispatch counts, rows, (tile_signal) tile flags, combine
+    m.transport->synchronize(stream, "the end of the step", m.options.strategy == EpStrategy::TileSignal ? 4 : 3);
     m.transport->throw_if_failed();
   } catch (...) {
     m.failed = true;

@@ -25,8 +25,9 @@
 //
 // Flags: after an entry's tile is stored, one thread adds 1 to flags[flag] with release
 // semantics at GPU scope (flag = -1: none). A reader that acquires flags[f] >= expected sees
-// every tile counted into it. Flags only grow: a caller that reuses them across runs waits for
-// run_index * tiles_per_flag instead of resetting them.
+// every tile counted into it. The GEMM only adds: a caller that reuses flags across runs either
+// waits for run_index * tiles_per_flag or resets them between runs (the tile-signal layer
+// resets its band flags before each step's GEMM1, as its bands change from step to step).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
   const int bands = max(*a.band_count, 0);
   const int per = a.bands_per_segment;
   const int segments = (bands + per - 1) / per;
-  for (int s = static_cast<int>(blockIdx.x); s < segments && s_ok; s += static_cast<int>(gridDim.x)) {
+  for (int s = static_cast<int>(blockIdx.x); s < segments; s += static_cast<int>(gridDim.x)) {
     const int first = s * per, here = min(per, bands - first);
     if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s] = global_timer_ns();
     if (tid < here) {
@@ -158,9 +158,16 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
       if (!wait_tile_flag(t, a.flags + s_bands[tid].id, a.tiles_per_band, epoch)) s_ok = 0;
     }
     __syncthreads();  // extends the flags' acquire to the CTA
-    if (!s_ok) break;
+    const bool ok = s_ok != 0;
+    __syncthreads();  // all have read s_ok before the next segment's waits may clear it
+    if (!ok) break;
     if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 1] = global_timer_ns();
-    // the segment's rows, a warp per row, each to its source at its place in the source's order
+    // the segment's rows, a warp per row, each to its source at its place in the source's order;
+    // with link emulation every warp paces its remote rows to its share of the rank's link
+    // (all consumer warps together, from the segment's start: conservative when few are busy)
+    const bool paced = t.link_bytes_per_ns > 0.0;
+    const std::uint64_t copy_start = paced ? global_timer_ns() : 0;
+    double sent = 0;
     for (int b = 0; b < here; ++b) {
       const TileBand band = s_bands[b];
       for (int r = warp; r < band.rows; r += warps) {
@@ -169,6 +176,11 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
         const int dest = back[band.group * N + q] + (row - block[band.group * N + q]);
         copy_row(region_at<std::byte>(t, q, x.layout.returned_rows) + static_cast<std::size_t>(dest) * row_bytes,
                  x.expert_out + static_cast<std::size_t>(row) * row_bytes, row_bytes, lane);
+        if (paced && q != me) {
+          sent += row_bytes;
+          if (lane == 0) pace_link(t, copy_start, sent, 1.0 / (static_cast<double>(gridDim.x) * warps));
+          __syncwarp();
+        }
       }
     }
     __syncthreads();

@@ -48,7 +48,7 @@ struct TileSignalArgs {
   const int* band_count = nullptr;
   const unsigned* flags = nullptr;         // GEMM1's per-band flags, zeroed before this step's GEMM1
                                            // (the bands differ from step to step, so no cumulative target)
-  unsigned tiles_per_band = 0;             // column tiles of GEMM1 (hidden / 256)
+  unsigned tiles_per_band = 0;             // column tiles of GEMM1 (ceil(hidden / 256))
   int ctas = 0;                            // the consumer's CTAs (same on every rank)
   int bands_per_segment = 1;               // mgb
   unsigned long long* segment_times = nullptr;  // optional [3 * segments]: %globaltimer at the

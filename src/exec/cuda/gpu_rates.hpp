@@ -1,0 +1,17 @@
+#pragma once
+// The two rates of the SM split's cost model (include/tilemoe/sm_split.hpp), measured on this
+// GPU once and cached: the planned grouped GEMM's FLOP/s per SM and the consumer's row-copy
+// bytes/s per CTA.
+#include "tilemoe/sm_split.hpp"
+
+namespace tilemoe::cuda {
+
+// Measures now on the calling thread's context (about 50 ms of GPU time; the GPU should be
+// otherwise idle).
+GpuRates calibrate_gpu_rates(int device);
+
+// From the cache at default_rates_path() when it holds this GPU, else calibrated and cached
+// (an unwritable cache is only a lost cache). Once per process.
+const GpuRates& gpu_rates(int device);
+
+}  // namespace tilemoe::cuda
