@@ -103,8 +103,10 @@ cuda::EpMoeLayerOptions ep_layer_options(const CudaStepOptions& options) {
   ep_options.record_trace = options.trace;
   if (options.strategy == "tile_signal") {
     ep_options.strategy = cuda::EpStrategy::TileSignal;
+  } else if (options.strategy == "auto") {
+    ep_options.strategy = cuda::EpStrategy::Auto;
   } else if (options.strategy != "sequential") {
-    throw_bad_input("--backend cuda runs the strategies sequential and tile_signal, not '" + options.strategy + "'");
+    throw_bad_input("--backend cuda runs the strategies sequential, tile_signal and auto, not '" + options.strategy + "'");
   }
   return ep_options;
 }

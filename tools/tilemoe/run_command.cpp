@@ -246,7 +246,9 @@ void add_run_command(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   command->add_option("--link-gbps", options->link_gbps, "cuda, virtual ranks: emulated outgoing link of each rank, GB/s (0 = unpaced)")
       ->capture_default_str();
-  command->add_option("--strategy", options->strategy, "all, sequential, tile_signal or comet")->capture_default_str();
+  command->add_option("--strategy", options->strategy,
+                      "all, sequential, tile_signal or comet (CPU); sequential (= all), tile_signal or auto (cuda)")
+      ->capture_default_str();
   command->add_option("--output", options->output_path, "write the output [T, hidden] as safetensors ('output')");
   command->add_option("--trace", options->trace_path, "write a Chrome/Perfetto trace-event JSON of every strategy's step");
   command->add_flag("--json", options->json, "print the result as JSON instead of the table");
