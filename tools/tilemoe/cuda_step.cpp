@@ -78,7 +78,24 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
       std::lock_guard lock(spans_mutex);
       result.spans.insert(result.spans.end(), spans.begin(), spans.end());
     }
-    transport.host_barrier();  // no rank frees memory while a peer still runs its step
+    transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
+    if (ep.strategy() != cuda::EpStrategy::Sequential) {
+      // an overlap strategy must give the sequential bits: the same step once more, sequential
+      cuda::EpMoeLayerOptions plain = options;
+      plain.strategy = cuda::EpStrategy::Sequential;
+      plain.record_trace = false;
+      cuda::EpMoeLayer sequential(layer, step.weights, transport, plain);
+      TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));
+      sequential.forward(stream, x.data(), l.data(), out.data(), tokens);
+      sequential.check(stream);
+      Matrix plain_output(DType::BF16, tokens, layer.hidden);
+      if (!plain_output.data.empty()) {
+        TILEMOE_CUDA_CHECK(cudaMemcpyAsync(plain_output.data.data(), out.data(), plain_output.data.size(), cudaMemcpyDeviceToHost, stream));
+      }
+      TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      result.matches_sequential[ri] = plain_output.bitwise_equal(result.outputs[ri]) ? 1 : 0;
+      transport.host_barrier();
+    }
   }
   cudaEventDestroy(start);
   cudaEventDestroy(end);
@@ -123,6 +140,7 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   CudaStepOutput result;
   result.outputs.resize(static_cast<std::size_t>(ranks));
   result.routing.resize(static_cast<std::size_t>(ranks));
+  result.matches_sequential.assign(static_cast<std::size_t>(ranks), -1);
   std::vector<double> forward_ms(static_cast<std::size_t>(ranks), 0.0);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
   std::vector<std::thread> threads;
@@ -194,6 +212,7 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
   CudaStepOutput result;
   result.outputs.resize(static_cast<std::size_t>(ranks));
   result.routing.resize(static_cast<std::size_t>(ranks));
+  result.matches_sequential.assign(static_cast<std::size_t>(ranks), -1);
   double forward_ms = 0;
   const std::string how = std::to_string(ranks) + " rank(s) through NCCL " + cuda::NcclWorld::loaded_version() + " (" + env.source + ")";
   run_rank_step(step, layer, world.transport(), ep_options, how, result, forward_ms);

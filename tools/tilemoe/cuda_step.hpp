@@ -27,6 +27,9 @@ struct CudaStepOutput {
   std::string description;       // how it ran: "1 rank" / "4 virtual ranks, device dispatch, ..."
   bool quiet = false;            // a rank other than 0 of a multi-process world: rank 0 reports
   std::vector<DeviceSpan> spans; // with CudaStepOptions::trace: this process's ranks' device spans
+  // an overlap strategy is also run as sequential on the same inputs: per rank of this process
+  // 1 if the outputs are bitwise equal, 0 if not, -1 if not compared
+  std::vector<int> matches_sequential;
 };
 
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options);

@@ -72,13 +72,19 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
   const ErrorStats vs_cpu = compare(gpu.outputs, cpu.outputs);
   const ErrorStats vs_fp64 = compare(gpu.outputs, fp64_reference(step.world, step.inputs, gpu.routing, step.weights));
   const bool ok = vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2;
+  int compared = 0, equal = 0;  // an overlap strategy against sequential, bit for bit
+  for (int m : gpu.matches_sequential) {
+    compared += m >= 0;
+    equal += m == 1;
+  }
   if (gpu.quiet) {
     // another rank of the world reports; this one only says whether its own part held
   } else if (options.json) {
     nlohmann::json doc = {{"backend", "cuda"}, {"ranks", step.world.world_size()}, {"how", gpu.description},
                           {"source", step.source}, {"forward_ms", gpu.forward_ms},
                           {"max_abs_error_vs_cpu", vs_cpu.max_abs}, {"relative_error_vs_cpu", vs_cpu.relative_frobenius},
-                          {"relative_error_vs_fp64", vs_fp64.relative_frobenius}, {"within_tolerance", ok}};
+                          {"relative_error_vs_fp64", vs_fp64.relative_frobenius}, {"within_tolerance", ok},
+                          {"ranks_bitwise_equal_to_sequential", equal}, {"ranks_compared_with_sequential", compared}};
     std::printf("%s\n", doc.dump(2).c_str());
   } else {
     std::printf("tilemoe run: backend cuda, %s; %lld tokens per rank, hidden %lld, ffn %lld, %lld experts, top-%lld, %s\n",
@@ -89,6 +95,13 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
     std::printf("%-12s %10s %16s %14s %14s %10s\n", "strategy", "gpu ms", "max|err| cpu", "rel err cpu", "rel err fp64", "tolerance");
     std::printf("%-12s %10.3f %16.3g %14.2e %14.2e %10s\n", cuda_options.strategy.c_str(), gpu.forward_ms, vs_cpu.max_abs, vs_cpu.relative_frobenius,
                 vs_fp64.relative_frobenius, ok ? "ok" : "EXCEEDED");
+    if (compared > 0) {
+      std::printf("bitwise equal to sequential on %d of %d rank(s)%s\n", equal, compared, equal == compared ? "" : ": MISMATCH");
+    }
+  }
+  if (equal != compared) {
+    std::fprintf(stderr, "tilemoe: the %s output differs from sequential; nothing written to --output\n", cuda_options.strategy.c_str());
+    return 1;
   }
   if (!ok) {
     std::fprintf(stderr, "tilemoe: the GPU output is outside bf16 tolerance; nothing written to --output\n");

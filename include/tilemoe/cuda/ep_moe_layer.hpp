@@ -121,6 +121,8 @@ class EpMoeLayer {
 
   const MoeConfig& config() const;
   int exchange_ctas_per_peer() const;
+  EpStrategy strategy() const;  // what runs: Auto resolved to Sequential or TileSignal
+  int consumer_ctas() const;    // TileSignal's consumer CTAs (0 otherwise)
   std::string description() const;  // "device dispatch, 4 CTAs per peer, planned c1x2"
 
  private:

@@ -330,6 +330,8 @@ EpMoeLayer::~EpMoeLayer() = default;
 
 const MoeConfig& EpMoeLayer::config() const { return impl_->config; }
 int EpMoeLayer::exchange_ctas_per_peer() const { return impl_->ctas_per_peer; }
+EpStrategy EpMoeLayer::strategy() const { return impl_->options.strategy; }
+int EpMoeLayer::consumer_ctas() const { return impl_->options.strategy == EpStrategy::TileSignal ? impl_->consumer_ctas : 0; }
 
 std::string EpMoeLayer::description() const {
   const Impl& m = *impl_;
