@@ -17,13 +17,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
-#include "exec/cuda/moe_kernels.hpp"
+#include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
@@ -82,23 +81,12 @@ float bf16_value(std::uint16_t bits) {
 void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTransport& transport, cuda::DispatchPath path,
               int runs, std::uint64_t seed, RankTimes& out, std::string& description) {
   transport.bind_thread();
-  const std::size_t x_count = static_cast<std::size_t>(s.tokens) * s.hidden;
-  cudaStream_t stream;
-  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  __nv_bfloat16 *x = nullptr, *y = nullptr;
-  float* logits = nullptr;
-  TILEMOE_CUDA_CHECK(cudaMalloc(&x, x_count * 2));
-  TILEMOE_CUDA_CHECK(cudaMalloc(&y, x_count * 2));
-  TILEMOE_CUDA_CHECK(cudaMalloc(&logits, static_cast<std::size_t>(s.tokens) * s.experts * 4));
-  cuda::launch_random_bf16(stream, x, x_count, seed + 17 * r, 1.0f);
-  {
-    std::mt19937_64 rng(seed + r);
-    std::normal_distribution<float> normal;
-    std::vector<float> l(static_cast<std::size_t>(s.tokens) * s.experts);
-    for (float& v : l) v = normal(rng);
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(logits, l.data(), l.size() * 4, cudaMemcpyHostToDevice, stream));
-    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
+  bench::RankData data(s.tokens, s.hidden, s.experts, seed, r);
+  const std::size_t x_count = data.x_count;
+  cudaStream_t stream = data.stream;
+  __nv_bfloat16* x = data.x.data();
+  __nv_bfloat16* y = data.y.data();
+  float* logits = data.logits.data();
   cuda::EpStageEvents events;
   for (cudaEvent_t& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreate(&e));
   {
@@ -138,10 +126,6 @@ void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTranspor
     transport.host_barrier();  // frees only after every rank's last step
   }
   for (cudaEvent_t e : events.boundary) cudaEventDestroy(e);
-  cudaFree(x);
-  cudaFree(y);
-  cudaFree(logits);
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

@@ -13,13 +13,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
-#include "exec/cuda/moe_kernels.hpp"
+#include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
@@ -58,24 +57,12 @@ struct RankRun {
 void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cuda::EpMoeLayerOptions& options, int runs,
               std::uint64_t seed, RankRun& out) {
   transport.bind_thread();
-  const int r = transport.rank();
-  const std::size_t x_count = static_cast<std::size_t>(config.tokens) * config.hidden;
-  cudaStream_t stream;
-  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  __nv_bfloat16 *x = nullptr, *y = nullptr;
-  float* logits = nullptr;
-  TILEMOE_CUDA_CHECK(cudaMalloc(&x, x_count * 2));
-  TILEMOE_CUDA_CHECK(cudaMalloc(&y, x_count * 2));
-  TILEMOE_CUDA_CHECK(cudaMalloc(&logits, static_cast<std::size_t>(config.tokens) * config.num_experts * 4));
-  cuda::launch_random_bf16(stream, x, x_count, seed + 31 * r, 1.0f);
-  {
-    std::mt19937_64 rng(seed + r);
-    std::normal_distribution<float> normal;
-    std::vector<float> l(static_cast<std::size_t>(config.tokens) * config.num_experts);
-    for (float& v : l) v = normal(rng);
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(logits, l.data(), l.size() * 4, cudaMemcpyHostToDevice, stream));
-    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-  }
+  bench::RankData data(config.tokens, config.hidden, config.num_experts, seed, transport.rank());
+  const std::size_t x_count = data.x_count;
+  cudaStream_t stream = data.stream;
+  __nv_bfloat16* x = data.x.data();
+  __nv_bfloat16* y = data.y.data();
+  float* logits = data.logits.data();
   cudaEvent_t start, end;
   TILEMOE_CUDA_CHECK(cudaEventCreate(&start));
   TILEMOE_CUDA_CHECK(cudaEventCreate(&end));
@@ -101,10 +88,6 @@ void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cud
   }
   cudaEventDestroy(start);
   cudaEventDestroy(end);
-  cudaFree(x);
-  cudaFree(y);
-  cudaFree(logits);
-  cudaStreamDestroy(stream);
 }
 
 }  // namespace

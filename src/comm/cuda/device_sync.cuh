@@ -62,16 +62,17 @@ __device__ inline void record_failure(const DeviceTransport& t, comm::WaitState 
   }
 }
 
-// One thread waits until *flag >= expected (acquire). False if the deadline passed (recorded
-// as a timeout naming `peer`) or the step is failing already (recorded as aborted); the
-// caller then skips its work and leaves the kernel. Callers extend the acquire to their CTA
-// with a __syncthreads() after the wait.
-__device__ inline bool wait_at_least(const DeviceTransport& t, const std::uint64_t* flag, std::uint64_t expected, int peer,
-                                     comm::WaitSubject subject, std::uint64_t step) {
+// One thread polls `read()` (an acquiring load of a counter that only grows) until it is >=
+// expected. False if the deadline passed (recorded as a timeout naming `peer`) or the step is
+// failing already (recorded as aborted); the caller then skips its work and leaves the kernel.
+// Callers extend the acquire to their CTA with a __syncthreads() after the wait.
+template <typename Read>
+__device__ inline bool bounded_wait(const DeviceTransport& t, Read read, std::uint64_t expected, int peer, comm::WaitSubject subject,
+                                    std::uint64_t step) {
   const std::uint64_t start = global_timer_ns();
   std::uint32_t spins = 0;
   for (;;) {
-    const std::uint64_t seen = load_acquire(flag);
+    const std::uint64_t seen = read();
     if (seen >= expected) return true;
     if ((++spins & 63u) == 0) {
       const std::uint64_t now = global_timer_ns();
@@ -86,6 +87,12 @@ __device__ inline bool wait_at_least(const DeviceTransport& t, const std::uint64
       __nanosleep(64);
     }
   }
+}
+
+// A flag in some rank's region (system scope: the writer may be another GPU).
+__device__ inline bool wait_at_least(const DeviceTransport& t, const std::uint64_t* flag, std::uint64_t expected, int peer,
+                                     comm::WaitSubject subject, std::uint64_t step) {
+  return bounded_wait(t, [flag] { return load_acquire(flag); }, expected, peer, subject, step);
 }
 
 // Link pacing for one CTA that owns `share` of its rank's outgoing link: after it has sent

@@ -35,24 +35,7 @@ __device__ inline bool gin_wait_at_least(const DeviceTransport& t, unsigned id, 
                                          comm::WaitSubject subject, std::uint64_t step) {
   const ncclDevComm& dc = gin_comm(t);
   ncclGin gin(dc, 0);
-  const std::uint64_t start = global_timer_ns();
-  std::uint32_t spins = 0;
-  for (;;) {
-    const std::uint64_t seen = gin.readSignal(static_cast<ncclGinSignal_t>(id));
-    if (seen >= expected) return true;
-    if ((++spins & 63u) == 0) {
-      const std::uint64_t now = global_timer_ns();
-      if (transport_failed(t)) {
-        record_failure(t, comm::WaitState::Aborted, peer, subject, expected, seen, now - start, step);
-        return false;
-      }
-      if (now - start > t.timeout_ns) {
-        record_failure(t, comm::WaitState::TimedOut, peer, subject, expected, seen, now - start, step);
-        return false;
-      }
-      __nanosleep(64);
-    }
-  }
+  return bounded_wait(t, [&gin, id] { return gin.readSignal(static_cast<ncclGinSignal_t>(id)); }, expected, peer, subject, step);
 }
 
 // Either path: wait for `flag` (a load/store peer's release store or add) or signal `id`

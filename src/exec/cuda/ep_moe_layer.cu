@@ -10,6 +10,7 @@
 #include "device_array.hpp"
 #include "ep_exchange.hpp"
 #include "expert_ffn.hpp"
+#include "layer_routing.hpp"
 #include "gpu_rates.hpp"
 #include "moe_kernels.hpp"
 #include "tile_signal.hpp"
@@ -58,7 +59,7 @@ const char* ep_stage_name(int stage) {
   return stage >= 0 && stage < kEpStageCount ? names[stage] : "?";
 }
 
-struct EpMoeLayer::Impl {
+struct EpMoeLayer::Impl : LayerRouting {
   MoeConfig config;
   RankTransport* transport = nullptr;
   EpMoeLayerOptions options;
@@ -68,12 +69,7 @@ struct EpMoeLayer::Impl {
   bool failed = false;
   bool remote_peers = false;  // GIN peers: the rows sent live in the region (puts read the window)
 
-  // routing and this rank's permuted rows
-  DeviceArray<std::int32_t> expert, sorted_expert;
-  DeviceArray<float> weight;
-  DeviceArray<int> row_offset, slot_of_row, row_of_slot, error_token;
-  DeviceArray<char> layout_temp;
-  std::size_t layout_temp_bytes = 0;
+  // this rank's permuted rows and the FFN's output (the routing state is the base class)
   DeviceArray<__nv_bfloat16> send_rows, y;
   // the receive side's tables, written by the dispatch kernel (device path) or uploaded (host path)
   DeviceArray<std::uint64_t> epoch;
@@ -129,10 +125,7 @@ std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const Ep
 }
 
 void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o) {
-  validate(c);
-  if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
-  if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
-  if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
+  validate_cuda_layer(c);
   config = c;
   transport = &t;
   options = o;
@@ -182,15 +175,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   const std::int64_t E = c.num_experts, H = c.hidden;
   const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
   const std::size_t slot_room = std::max<std::size_t>(slots, 1);
-  expert = DeviceArray<std::int32_t>(slot_room);
-  sorted_expert = DeviceArray<std::int32_t>(slot_room);
-  weight = DeviceArray<float>(slot_room);
-  row_offset = DeviceArray<int>(static_cast<std::size_t>(E + 1));
-  slot_of_row = DeviceArray<int>(slot_room);
-  row_of_slot = DeviceArray<int>(slot_room);
-  error_token = DeviceArray<int>(1);
-  layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(E));
-  layout_temp = DeviceArray<char>(layout_temp_bytes);
+  allocate(c);
   if (!remote_peers) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
   epoch = DeviceArray<std::uint64_t>(1);

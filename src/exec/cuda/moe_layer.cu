@@ -8,20 +8,16 @@
 #include "cuda_check.hpp"
 #include "device_array.hpp"
 #include "expert_ffn.hpp"
+#include "layer_routing.hpp"
 #include "moe_kernels.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {
 
-struct MoeLayer::Impl {
+struct MoeLayer::Impl : LayerRouting {
   MoeConfig config;
   int device = 0;
   MoeLayerOptions options;
-  DeviceArray<std::int32_t> expert, sorted_expert;
-  DeviceArray<float> weight;
-  DeviceArray<int> row_offset, slot_of_row, row_of_slot, error_token;
-  DeviceArray<char> layout_temp;
-  std::size_t layout_temp_bytes = 0;
   DeviceArray<__nv_bfloat16> rows, y;
   std::unique_ptr<ExpertFfn> ffn;
 
@@ -35,10 +31,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int dev
 }
 
 void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
-  validate(c);
-  if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
-  if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
-  if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
+  validate_cuda_layer(c);
   config = c;
   device = dev;
   options = opts;
@@ -46,15 +39,7 @@ void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   const std::int64_t E = c.num_experts, H = c.hidden;
   const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
   const std::size_t slot_room = slots > 0 ? slots : 1;
-  expert = DeviceArray<std::int32_t>(slot_room);
-  sorted_expert = DeviceArray<std::int32_t>(slot_room);
-  weight = DeviceArray<float>(slot_room);
-  row_offset = DeviceArray<int>(static_cast<std::size_t>(E + 1));
-  slot_of_row = DeviceArray<int>(slot_room);
-  row_of_slot = DeviceArray<int>(slot_room);
-  error_token = DeviceArray<int>(1);
-  layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(E));
-  layout_temp = DeviceArray<char>(layout_temp_bytes);
+  allocate(c);
   rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   y = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   const double rows_per_expert = static_cast<double>(slots) / static_cast<double>(E);

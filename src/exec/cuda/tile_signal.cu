@@ -115,24 +115,8 @@ __global__ void __launch_bounds__(kOrderThreads) order_remote_first_kernel(GemmT
 // bounded like every other wait.
 __device__ inline bool wait_tile_flag(const DeviceTransport& t, const unsigned* flag, unsigned expected, std::uint64_t step) {
   ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> ref(*const_cast<unsigned*>(flag));
-  const std::uint64_t start = global_timer_ns();
-  std::uint32_t spins = 0;
-  for (;;) {
-    const unsigned seen = ref.load(::cuda::memory_order_acquire);
-    if (seen >= expected) return true;
-    if ((++spins & 63u) == 0) {
-      const std::uint64_t now = global_timer_ns();
-      if (transport_failed(t)) {
-        record_failure(t, comm::WaitState::Aborted, t.rank, comm::WaitSubject::TileFlags, expected, seen, now - start, step);
-        return false;
-      }
-      if (now - start > t.timeout_ns) {
-        record_failure(t, comm::WaitState::TimedOut, t.rank, comm::WaitSubject::TileFlags, expected, seen, now - start, step);
-        return false;
-      }
-      __nanosleep(32);
-    }
-  }
+  return bounded_wait(t, [&ref] { return static_cast<std::uint64_t>(ref.load(::cuda::memory_order_acquire)); }, expected, t.rank,
+                      comm::WaitSubject::TileFlags, step);
 }
 
 __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransport t, TileSignalArgs a) {
