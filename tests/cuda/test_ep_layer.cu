@@ -106,6 +106,38 @@ void on_every_rank(int ranks, const std::function<void(int)>& body) {
   }
 }
 
+// Steps `runs` eager forwards of `layer` (outputs into `eager`), then one captured in a CUDA
+// graph and replayed (into `replayed`): all ranks meet after every read-back (compute-sanitizer
+// makes copies wait for the whole device, a peer's next step included).
+void eager_and_replayed(cuda::EpMoeLayer& layer, cuda::RankTransport& transport, RankBuffers& b, std::int64_t T,
+                        std::int64_t hidden, int runs, std::vector<Matrix*> eager, Matrix& replayed) {
+  for (int run = 0; run < runs; ++run) {
+    b.poison();
+    layer.forward(b.stream, b.input, b.logits, b.output, T);
+    layer.check(b.stream);
+    *eager[static_cast<std::size_t>(run)] = b.read(T, hidden);
+    transport.host_barrier();
+  }
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  TILEMOE_CUDA_CHECK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    layer.forward(b.stream, b.input, b.logits, b.output, T);
+  } catch (...) {
+    cudaStreamEndCapture(b.stream, &graph);  // leave the stream usable for the clean-up
+    throw;
+  }
+  TILEMOE_CUDA_CHECK(cudaStreamEndCapture(b.stream, &graph));
+  TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  b.poison();
+  TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, b.stream));
+  layer.check(b.stream);
+  replayed = b.read(T, hidden);
+  TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
+  transport.host_barrier();
+}
+
 void run_case(const Case& c, std::uint64_t seed) {
   std::printf("%s: %d virtual ranks, up to %lld tokens each, hidden %lld, ffn %lld, E %lld, top-%lld, %s routing\n",
               c.name.c_str(), c.ranks, (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts,
@@ -142,36 +174,8 @@ void run_case(const Case& c, std::uint64_t seed) {
     {
       cuda::EpMoeLayer layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Device});
       description[ri] = layer.description();
-      for (int run = 0; run < 2; ++run) {
-        b.poison();
-        layer.forward(b.stream, b.input, b.logits, b.output, T);
-        layer.check(b.stream);
-        (run == 0 ? device_out : second_out)[ri] = b.read(T, c.hidden);
-        // all ranks have read back before any starts the next step: compute-sanitizer makes
-        // copies wait for the whole device, including a peer's next step waiting for this rank
-        transport.host_barrier();
-      }
+      eager_and_replayed(layer, transport, b, T, c.hidden, 2, {&device_out[ri], &second_out[ri]}, graph_out[ri]);
       routing[ri] = layer.last_routing(b.stream, T);
-      transport.host_barrier();
-      // the device path has no host synchronisation: a whole step captured in a graph
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      TILEMOE_CUDA_CHECK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        layer.forward(b.stream, b.input, b.logits, b.output, T);
-      } catch (...) {
-        cudaStreamEndCapture(b.stream, &graph);  // leave the stream usable for the clean-up
-        throw;
-      }
-      TILEMOE_CUDA_CHECK(cudaStreamEndCapture(b.stream, &graph));
-      TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      b.poison();
-      TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, b.stream));
-      layer.check(b.stream);
-      graph_out[ri] = b.read(T, c.hidden);
-      transport.host_barrier();
-      TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
       transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
     }
     {
@@ -188,32 +192,7 @@ void run_case(const Case& c, std::uint64_t seed) {
     overlap.bands_per_segment = c.ranks % 2 == 0 ? 2 : 1;
     cuda::EpMoeLayer ts_layer(config, weights, transport, overlap);
     if (r == 0) description[ri] += "; " + ts_layer.description();
-    for (int run = 0; run < 2; ++run) {
-      b.poison();
-      ts_layer.forward(b.stream, b.input, b.logits, b.output, T);
-      ts_layer.check(b.stream);
-      (run == 0 ? tile_out : tile_second_out)[ri] = b.read(T, c.hidden);
-      transport.host_barrier();
-    }
-    {
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      TILEMOE_CUDA_CHECK(cudaStreamBeginCapture(b.stream, cudaStreamCaptureModeThreadLocal));
-      try {
-        ts_layer.forward(b.stream, b.input, b.logits, b.output, T);
-      } catch (...) {
-        cudaStreamEndCapture(b.stream, &graph);
-        throw;
-      }
-      TILEMOE_CUDA_CHECK(cudaStreamEndCapture(b.stream, &graph));
-      TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      b.poison();
-      TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, b.stream));
-      ts_layer.check(b.stream);
-      tile_graph_out[ri] = b.read(T, c.hidden);
-      TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
-      TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
-    }
+    eager_and_replayed(ts_layer, transport, b, T, c.hidden, 2, {&tile_out[ri], &tile_second_out[ri]}, tile_graph_out[ri]);
     transport.host_barrier();  // frees (device-wide synchronisations) only after every rank's last step
   });
   if (failures) return;
