@@ -9,7 +9,9 @@
 // slowest rank's dispatch and combine time, and the algorithm bandwidth per rank (bytes a rank
 // sends / time; "remote" counts only rows for other ranks). On one GPU all ranks share its
 // memory: the ceiling is the device copy rate measured in the same run, divided among the
-// ranks. Informational; the real NVLink figures need several GPUs.
+// ranks. Informational; the real NVLink figures need several GPUs: `--transport nccl` runs
+// the same with one process per GPU (start it with mpirun -np N, srun or tilemoe launch -n N;
+// rank 0 prints and writes the JSON).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,6 +28,9 @@
 #include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
+#include "launch/launch_env.hpp"
+#include "launch/rendezvous.hpp"
+#include "tilemoe/cuda/nccl_world.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/median.hpp"
@@ -43,6 +49,30 @@ struct RankTimes {
   std::int64_t remote_rows = 0, rows = 0;
   double max_rel_error = 0;
 };
+
+// A rank's times and counts as bytes, to gather them at rank 0 of a multi-process world.
+std::vector<std::byte> pack(const RankTimes& t) {
+  std::vector<double> v = {static_cast<double>(t.dispatch_ms.size()), static_cast<double>(t.rows),
+                           static_cast<double>(t.remote_rows), t.max_rel_error};
+  v.insert(v.end(), t.dispatch_ms.begin(), t.dispatch_ms.end());
+  v.insert(v.end(), t.combine_ms.begin(), t.combine_ms.end());
+  std::vector<std::byte> bytes(v.size() * sizeof(double));
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  return bytes;
+}
+
+RankTimes unpack(const std::vector<std::byte>& bytes) {
+  std::vector<double> v(bytes.size() / sizeof(double));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(double));
+  RankTimes t;
+  const auto runs = static_cast<std::size_t>(v.at(0));
+  t.rows = static_cast<std::int64_t>(v.at(1));
+  t.remote_rows = static_cast<std::int64_t>(v.at(2));
+  t.max_rel_error = v.at(3);
+  t.dispatch_ms.assign(v.begin() + 4, v.begin() + 4 + static_cast<std::ptrdiff_t>(runs));
+  t.combine_ms.assign(v.begin() + 4 + static_cast<std::ptrdiff_t>(runs), v.begin() + 4 + 2 * static_cast<std::ptrdiff_t>(runs));
+  return t;
+}
 
 double device_copy_gbps() {
   const std::size_t bytes = std::size_t(4) << 30;
@@ -136,13 +166,24 @@ int main(int argc, char** argv) {
   bool quick = false;
   double link_gbps = 0;  // --link-gbps G: pace each rank's exchange to G GB/s (the device path only)
   int sms_per_rank = 0;  // --sms-per-rank S: each rank on its own partition of S SMs
+  bool nccl = false;     // --transport nccl: one process per GPU
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--link-gbps") && i + 1 < argc) link_gbps = std::atof(argv[++i]);
     if (!std::strcmp(argv[i], "--sms-per-rank") && i + 1 < argc) sms_per_rank = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--transport") && i + 1 < argc) nccl = std::strcmp(argv[++i], "nccl") == 0;
   }
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  // real ranks: this process is one of them; the launcher says which
+  const launch::LaunchEnv env = launch::launch_env();
+  std::unique_ptr<launch::Rendezvous> rendezvous;
+  if (nccl) {
+    cuda::NcclWorld::check_environment();
+    rendezvous = std::make_unique<launch::Rendezvous>(env, env.rendezvous, std::chrono::milliseconds(60000));
+  }
+  const bool reporter = !nccl || env.rank == 0;
+  FILE* json = json_path.empty() || !reporter ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (!reporter) std::freopen("/dev/null", "w", stdout);  // rank 0 reports for the world
   int failures = 0;
   try {
     const double copy_gbps = device_copy_gbps();
@@ -151,7 +192,8 @@ int main(int argc, char** argv) {
     if (json) std::fprintf(json, "{\"kind\":\"rates\",\"copy_gbps\":%.1f}\n", copy_gbps);
     const std::vector<Shape> shapes = {
         {"deepep", 4096, 7168, 256, 8}, {"mixtral", 4096, 4096, 8, 2}, {"decode", 128, 7168, 256, 8}};
-    const std::vector<int> world_sizes = quick ? std::vector<int>{4} : std::vector<int>{4, 8};
+    const std::vector<int> world_sizes = nccl ? std::vector<int>{env.world_size}
+                                         : quick ? std::vector<int>{4} : std::vector<int>{4, 8};
     const int runs = quick ? 5 : 20;
     std::printf("%-8s %5s %-7s %11s %11s %12s %12s %9s %s\n", "shape", "ranks", "path", "dispatch us", "combine us",
                 "disp GB/s/rk", "comb GB/s/rk", "rel err", "(remote share, how)");
@@ -167,25 +209,34 @@ int main(int argc, char** argv) {
         config.renormalize = true;
         for (cuda::DispatchPath path : {cuda::DispatchPath::Device, cuda::DispatchPath::Host}) {
           if (link_gbps > 0 && path == cuda::DispatchPath::Host) continue;  // cudaMemcpy is not paced
-          cuda::VirtualWorldOptions world_options;
-          world_options.link_gbps = link_gbps;
-          world_options.sms_per_rank = sms_per_rank;
-          cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n), 0, world_options);
           std::vector<RankTimes> times(static_cast<std::size_t>(n));
           std::vector<std::string> errors(static_cast<std::size_t>(n));
           std::string description;
-          std::vector<std::thread> threads;
           const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-          for (int r = 0; r < n; ++r) {
-            threads.emplace_back([&, r] {
-              try {
-                run_rank(r, s, config, world.rank(r), path, runs, seed, times[static_cast<std::size_t>(r)], description);
-              } catch (const std::exception& e) {
-                errors[static_cast<std::size_t>(r)] = e.what();
-              }
-            });
+          if (nccl) {
+            // this process's rank; a failure ends the process, and the peers' bounded waits name it
+            cuda::NcclWorld world(*rendezvous, cuda::EpMoeLayer::region_bytes(config, n), env.local_rank, {std::chrono::milliseconds(60000)});
+            RankTimes mine;
+            run_rank(env.rank, s, config, world.transport(), path, runs, seed, mine, description);
+            const auto all = rendezvous->all_gather(pack(mine));
+            for (int r = 0; r < n; ++r) times[static_cast<std::size_t>(r)] = unpack(all[static_cast<std::size_t>(r)]);
+          } else {
+            cuda::VirtualWorldOptions world_options;
+            world_options.link_gbps = link_gbps;
+            world_options.sms_per_rank = sms_per_rank;
+            cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n), 0, world_options);
+            std::vector<std::thread> threads;
+            for (int r = 0; r < n; ++r) {
+              threads.emplace_back([&, r] {
+                try {
+                  run_rank(r, s, config, world.rank(r), path, runs, seed, times[static_cast<std::size_t>(r)], description);
+                } catch (const std::exception& e) {
+                  errors[static_cast<std::size_t>(r)] = e.what();
+                }
+              });
+            }
+            for (auto& t : threads) t.join();
           }
-          for (auto& t : threads) t.join();
           bool failed = false;
           for (int r = 0; r < n; ++r) {
             if (!errors[static_cast<std::size_t>(r)].empty()) {

@@ -92,6 +92,24 @@ for step in "${steps[@]}"; do
         "$bin/tilemoe" run --backend cuda --transport nccl --ranks 1
       expect_refusal nccl-world-size "started 1 process" env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" \
         "$bin/tilemoe" run --backend cuda --transport nccl --ranks 2 ;;
+    multi)  # real ranks, one process per GPU of this machine (the multi-GPU kinds)
+      gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+      if [ "$gpus" -lt 2 ]; then
+        echo "== multi: $gpus GPU(s), skipped" | tee -a "$log"
+      else
+        nccl_env=(env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH")
+        run_step multi-run "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/tilemoe" run --backend cuda --transport nccl \
+          --ranks "$gpus" --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts $((gpus * 4)) --top-k 4
+        run_step multi-run-host "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/tilemoe" run --backend cuda \
+          --transport nccl --ranks "$gpus" --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts $((gpus * 4)) --top-k 4 --dispatch host
+        run_step multi-run-tile "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/tilemoe" run --backend cuda \
+          --transport nccl --ranks "$gpus" --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts $((gpus * 4)) --top-k 4 \
+          --strategy tile_signal
+        run_step multi-mpirun "${nccl_env[@]}" mpirun --allow-run-as-root -np "$gpus" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE \
+          "$bin/tilemoe" run --backend cuda --transport nccl --ranks "$gpus" --experts $((gpus * 2))
+        run_step multi-ep-bench "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/ep_exchange_bench" --transport nccl \
+          --json "$out/ep_bench_nccl.json"
+      fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
