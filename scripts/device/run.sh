@@ -109,6 +109,8 @@ for step in "${steps[@]}"; do
           "$bin/tilemoe" run --backend cuda --transport nccl --ranks "$gpus" --experts $((gpus * 2))
         run_step multi-ep-bench "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/ep_exchange_bench" --transport nccl \
           --json "$out/ep_bench_nccl.json"
+        run_step multi-torch env PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --nproc-per-node "$gpus" \
+          bench/torch_ep_reference.py --json "$out/torch_ep.json"
       fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
