@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
   if (!reporter) std::freopen("/dev/null", "w", stdout);  // rank 0 reports for the world
   int failures = 0;
   try {
+    TILEMOE_CUDA_CHECK(cudaSetDevice(nccl ? env.local_rank : 0));  // real ranks: each on its own GPU
     const double copy_gbps = device_copy_gbps();
     std::printf("measured rate: device copy %.0f GB/s (read + write)%s\n", copy_gbps,
                 link_gbps > 0 ? (", links paced to " + std::to_string(link_gbps) + " GB/s per rank").c_str() : "");

@@ -5,6 +5,7 @@
 # bench.json, ep_bench.json, ts_bench.json (+ traces), torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
+export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of the SM split, calibrated once per call
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
@@ -55,7 +56,8 @@ for step in "${steps[@]}"; do
     gemm) run_step gemm "$bin/test_grouped_gemm" ;;
     planned) run_step planned "$bin/test_planned_gemm" ;;
     layer) run_step layer "$bin/test_moe_layer" ;;
-    ep) run_step ep "$bin/test_ep_layer" ;;
+    ep) run_step ep "$bin/test_ep_layer" --no-tile-signal
+      run_step ep-tile-signal "$bin/test_ep_layer" ;;
     ep-racecheck) run_step ep-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 60 ;;
     ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 30 ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;

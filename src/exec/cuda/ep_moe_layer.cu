@@ -277,7 +277,8 @@ void EpMoeLayer::Impl::finish_init() {
   const int mine[2] = {ctas_per_peer, consumer_ctas};
   std::vector<int> all(static_cast<std::size_t>(2 * world));
   {  // freed before the barrier: cudaFree waits for the whole device, peers' steps included
-    DeviceArray<int> sent(mine, 2), gathered(static_cast<std::size_t>(2 * world));
+    DeviceArray<int> sent(2), gathered(static_cast<std::size_t>(2 * world));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(sent.data(), mine, sizeof mine, cudaMemcpyHostToDevice, own));  // ordered with the gather
     transport->host_exchange().all_gather(own, sent.data(), 2, gathered.data());
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), gathered.data(), all.size() * sizeof(int), cudaMemcpyDeviceToHost, own));
     transport->synchronize(own, "the ranks' exchange settings");
