@@ -25,11 +25,12 @@
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
+#include "exec/cuda/gpu_rates.hpp"
+#include "launch/launch_env.hpp"
+#include "launch/rendezvous.hpp"
 #include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
-#include "launch/launch_env.hpp"
-#include "launch/rendezvous.hpp"
 #include "tilemoe/cuda/nccl_world.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
@@ -72,32 +73,6 @@ RankTimes unpack(const std::vector<std::byte>& bytes) {
   t.dispatch_ms.assign(v.begin() + 4, v.begin() + 4 + static_cast<std::ptrdiff_t>(runs));
   t.combine_ms.assign(v.begin() + 4 + static_cast<std::ptrdiff_t>(runs), v.begin() + 4 + 2 * static_cast<std::ptrdiff_t>(runs));
   return t;
-}
-
-double device_copy_gbps() {
-  const std::size_t bytes = std::size_t(4) << 30;
-  char *src, *dst;
-  TILEMOE_CUDA_CHECK(cudaMalloc(&src, bytes));
-  TILEMOE_CUDA_CHECK(cudaMalloc(&dst, bytes));
-  TILEMOE_CUDA_CHECK(cudaMemset(src, 1, bytes));
-  cudaEvent_t a, b;
-  TILEMOE_CUDA_CHECK(cudaEventCreate(&a));
-  TILEMOE_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> ms;
-  for (int i = 0; i < 13; ++i) {
-    TILEMOE_CUDA_CHECK(cudaEventRecord(a));
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    TILEMOE_CUDA_CHECK(cudaEventRecord(b));
-    TILEMOE_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (i >= 3) ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaFree(src);
-  cudaFree(dst);
-  return 2.0 * double(bytes) / (median(ms) * 1e-3) / 1e9;  // read + write
 }
 
 // bf16 bits -> float
@@ -187,7 +162,7 @@ int main(int argc, char** argv) {
   int failures = 0;
   try {
     TILEMOE_CUDA_CHECK(cudaSetDevice(nccl ? env.local_rank : 0));  // real ranks: each on its own GPU
-    const double copy_gbps = device_copy_gbps();
+    const double copy_gbps = cuda::device_copy_gbps(nullptr);
     std::printf("measured rate: device copy %.0f GB/s (read + write)%s\n", copy_gbps,
                 link_gbps > 0 ? (", links paced to " + std::to_string(link_gbps) + " GB/s per rank").c_str() : "");
     if (json) std::fprintf(json, "{\"kind\":\"rates\",\"copy_gbps\":%.1f}\n", copy_gbps);

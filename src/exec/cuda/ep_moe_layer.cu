@@ -455,18 +455,16 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       throw_bad_input("ranks sharing a GPU need non-blocking streams (cudaStreamCreateWithFlags(..., cudaStreamNonBlocking))");
     }
   }
-  const int T = static_cast<int>(tokens), E = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
+  const int T = static_cast<int>(tokens), k = static_cast<int>(c.top_k);
   const int H = static_cast<int>(c.hidden), slots = T * k;
   auto mark = [&](int stage) {
     if (events) TILEMOE_CUDA_CHECK(cudaEventRecord(events->boundary[stage], stream));
   };
   try {
     mark(kEpRouter);
-    launch_fill(stream, m.error_token.data(), 1, INT_MAX);
-    launch_router(stream, router_logits, T, E, k, c.renormalize, m.expert.data(), m.weight.data(), m.error_token.data());
+    m.launch_router(stream, router_logits, T, c);
     mark(kEpLayout);
-    launch_layout(stream, m.expert.data(), slots, E, m.layout_temp.data(), m.layout_temp_bytes, m.sorted_expert.data(),
-                  m.row_offset.data(), m.slot_of_row.data(), m.row_of_slot.data());
+    m.launch_layout(stream, T, c);
     mark(kEpPermute);
     launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.send_rows_ptr());
     mark(kEpDispatch);
@@ -574,14 +572,7 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   int band_total = 0;
   if (m.options.strategy == EpStrategy::TileSignal) fetch(&band_total, m.band_count.data(), 1);
   TILEMOE_CUDA_CHECK(cudaStreamSynchronize(m.own));
-  // rows [lo, hi) of expert le hold rows of another rank
-  auto remote = [&](int le, int lo, int hi) {
-    for (int q = 0; q < N; ++q) {
-      const int b = block[static_cast<std::size_t>(le * N + q)], e = block[static_cast<std::size_t>(le * N + q + 1)];
-      if (q != m.rank && b < e && lo < e && b < hi) return true;
-    }
-    return false;
-  };
+  auto remote = [&](int le, int lo, int hi) { return holds_remote_rows(block.data(), le, N, m.rank, lo, hi); };
   std::vector<DeviceSpan> spans;
   const int clusters = std::max(m.ffn->gemm1_grid_ctas() / 2, 1);
   for (int i = 0; i < entries; ++i) {

@@ -11,6 +11,7 @@
 
 #include "cuda_check.hpp"
 #include "device_array.hpp"
+#include "event_timing.hpp"
 #include "exchange_device.cuh"
 #include "moe_kernels.hpp"
 #include "planned_gemm.hpp"
@@ -32,28 +33,17 @@ __global__ void __launch_bounds__(kCopyThreads) copy_rows_kernel(const std::byte
   }
 }
 
-template <typename Launch>
-float median_ms(cudaStream_t stream, int runs, Launch launch) {
-  cudaEvent_t a, b;
-  TILEMOE_CUDA_CHECK(cudaEventCreate(&a));
-  TILEMOE_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> ms;
-  for (int i = 0; i < runs + 2; ++i) {
-    TILEMOE_CUDA_CHECK(cudaEventRecord(a, stream));
-    launch();
-    TILEMOE_CUDA_CHECK(cudaEventRecord(b, stream));
-    TILEMOE_CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    if (i >= 2) ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
 }  // namespace
+
+double device_copy_gbps(cudaStream_t stream) {
+  const std::size_t bytes = std::size_t(4) << 30;
+  DeviceArray<std::byte> src(bytes), dst(bytes);
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(src.data(), 1, bytes, stream));
+  const float ms = median_event_ms(stream, 10, 3, [&] {
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream));
+  });
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;  // read + write
+}
 
 GpuRates calibrate_gpu_rates(int device) {
   TILEMOE_CUDA_CHECK(cudaSetDevice(device));
@@ -88,14 +78,14 @@ GpuRates calibrate_gpu_rates(int device) {
     run.D = D.data();
     run.N = N;
     run.K = K;
-    const float ms = median_ms(stream, 5, [&] { gemm.run(stream, run); });
+    const float ms = median_event_ms(stream, 5, 2, [&] { gemm.run(stream, run); });
     rates.gemm_flops_per_sm = 2.0 * groups * rows * double(N) * K / (ms * 1e-3) / rates.sms;
   }
   {
     const int rows = 16384;  // 235 MB
     DeviceArray<std::byte> src(static_cast<std::size_t>(rows) * kRowBytes), dst(static_cast<std::size_t>(rows) * kRowBytes);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(src.data(), 1, src.count(), stream));
-    const float ms = median_ms(stream, 5, [&] {
+    const float ms = median_event_ms(stream, 5, 2, [&] {
       copy_rows_kernel<<<kCopyCtas, kCopyThreads, 0, stream>>>(src.data(), dst.data(), rows);
       TILEMOE_CUDA_CHECK_LAUNCH("calibration copy");
     });

@@ -2,9 +2,15 @@
 // The two rates of the SM split's cost model (include/tilemoe/sm_split.hpp), measured on this
 // GPU once and cached: the planned grouped GEMM's FLOP/s per SM and the consumer's row-copy
 // bytes/s per CTA.
+#include <cuda_runtime.h>
+
 #include "tilemoe/sm_split.hpp"
 
 namespace tilemoe::cuda {
+
+// The device-to-device copy rate (read + write, GB/s) of a 4 GiB cudaMemcpy on `stream`: the
+// memory ceiling the exchange benchmarks compare with.
+double device_copy_gbps(cudaStream_t stream);
 
 // Measures now on the calling thread's context (about 50 ms of GPU time; the GPU should be
 // otherwise idle).

@@ -1,6 +1,7 @@
 #include "layer_routing.hpp"
 
 #include <algorithm>
+#include <climits>
 
 #include "moe_kernels.hpp"
 #include "tilemoe/error.hpp"
@@ -25,6 +26,18 @@ void LayerRouting::allocate(const MoeConfig& c) {
   error_token = DeviceArray<int>(1);
   layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts));
   layout_temp = DeviceArray<char>(layout_temp_bytes);
+}
+
+void LayerRouting::launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& c) {
+  launch_fill(stream, error_token.data(), 1, INT_MAX);
+  tilemoe::cuda::launch_router(stream, logits, tokens, static_cast<int>(c.num_experts), static_cast<int>(c.top_k), c.renormalize,
+                               expert.data(), weight.data(), error_token.data());
+}
+
+void LayerRouting::launch_layout(cudaStream_t stream, int tokens, const MoeConfig& c) {
+  tilemoe::cuda::launch_layout(stream, expert.data(), tokens * static_cast<int>(c.top_k), static_cast<int>(c.num_experts),
+                               layout_temp.data(), layout_temp_bytes, sorted_expert.data(), row_offset.data(), slot_of_row.data(),
+                               row_of_slot.data());
 }
 
 }  // namespace tilemoe::cuda

@@ -3,6 +3,8 @@
 // (per-expert offsets, the permutation both ways) and the error word, sized once for the most
 // tokens a step may have. Shared by the one-GPU and the expert-parallel layer, as are the CUDA
 // backend's limits on a layer.
+#include <cuda_runtime.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -23,6 +25,11 @@ struct LayerRouting {
 
   // For config.tokens tokens of config.top_k slots and config.num_experts experts.
   void allocate(const MoeConfig& config);
+
+  // One step of `tokens` tokens: the router (softmax, top-k, the NaN/Inf check into
+  // error_token), then the layout (counts, offsets, permutation). Separate, for stage events.
+  void launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& config);
+  void launch_layout(cudaStream_t stream, int tokens, const MoeConfig& config);
 };
 
 }  // namespace tilemoe::cuda

@@ -73,18 +73,16 @@ void MoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const fl
     if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
   }
   use_device(m.device);
-  const int T = static_cast<int>(tokens), E = static_cast<int>(c.num_experts), k = static_cast<int>(c.top_k);
+  const int T = static_cast<int>(tokens), k = static_cast<int>(c.top_k);
   const int H = static_cast<int>(c.hidden);
   const int slots = T * k;
   auto mark = [&](int stage) {
     if (events) TILEMOE_CUDA_CHECK(cudaEventRecord(events->boundary[stage], stream));
   };
   mark(kRouter);
-  launch_fill(stream, m.error_token.data(), 1, INT_MAX);
-  launch_router(stream, router_logits, T, E, k, c.renormalize, m.expert.data(), m.weight.data(), m.error_token.data());
+  m.launch_router(stream, router_logits, T, c);
   mark(kLayout);
-  launch_layout(stream, m.expert.data(), slots, E, m.layout_temp.data(), m.layout_temp_bytes, m.sorted_expert.data(),
-                m.row_offset.data(), m.slot_of_row.data(), m.row_of_slot.data());
+  m.launch_layout(stream, T, c);
   m.ffn->build_tables(stream, m.row_offset.data());
   mark(kPermute);
   launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.rows.data());

@@ -16,16 +16,6 @@ constexpr int kConsumerThreads = 512;
 constexpr int kMaxGroups = 1024;
 constexpr int kMaxBandsPerSegment = 32;
 
-// Whether rows [lo, hi) of group g hold rows of a rank other than `me`.
-__device__ inline bool holds_remote_rows(const int* block_offset, int g, int world, int me, int lo, int hi) {
-  for (int q = 0; q < world; ++q) {
-    if (q == me) continue;
-    const int b = block_offset[g * world + q], e = block_offset[g * world + q + 1];
-    if (b < e && lo < e && b < hi) return true;
-  }
-  return false;
-}
-
 // Stable partition of `n` items by `is_remote(i)` with one CTA: `place(i, position)` gets each
 // item's place, remote ones first. Two passes over chunks of the CTA's width with a block scan.
 template <typename IsRemote, typename Place>

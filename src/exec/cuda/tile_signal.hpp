@@ -30,6 +30,17 @@ struct TileBand {
   std::int32_t group = 0;   // the local expert
 };
 
+// Whether rows [lo, hi) of local expert g hold rows of a rank other than `me`, by the split of
+// its rows by source, block_offset [groups * world + 1] (EpLocalTables). Host and device.
+__host__ __device__ inline bool holds_remote_rows(const int* block_offset, int g, int world, int me, int lo, int hi) {
+  for (int q = 0; q < world; ++q) {
+    if (q == me) continue;
+    const int b = block_offset[g * world + q], e = block_offset[g * world + q + 1];
+    if (b < e && lo < e && b < hi) return true;
+  }
+  return false;
+}
+
 // Bands of `groups` groups with offsets row_offset [groups + 1] (device), in remote-first
 // order (stable): bands[0 .. *count). `block_offset` [groups * world + 1] splits each group's
 // rows by source rank (EpLocalTables). Capacity as max_bands().
