@@ -98,10 +98,12 @@ class VirtualRank final : public RankTransport, public HostExchange {
 
   void throw_if_failed() const override {
     std::vector<comm::WaitFailure> records(static_cast<std::size_t>(world_.ranks));
-    // every rank's record in one copy: they sit one region apart
-    TILEMOE_CUDA_CHECK(cudaMemcpy2DAsync(records.data(), sizeof(comm::WaitFailure), world_.base + kFailureRecordOffset,
-                                         world_.region_bytes, sizeof(comm::WaitFailure), static_cast<std::size_t>(world_.ranks),
-                                         cudaMemcpyDeviceToHost, readback_));
+    // one copy per rank: a 2D copy with the region as pitch would exceed the maximum pitch
+    // (2 GiB) at large layers
+    for (int p = 0; p < world_.ranks; ++p) {
+      TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&records[static_cast<std::size_t>(p)], view_.region[p] + kFailureRecordOffset,
+                                         sizeof(comm::WaitFailure), cudaMemcpyDeviceToHost, readback_));
+    }
     TILEMOE_CUDA_CHECK(cudaStreamSynchronize(readback_));
     comm::throw_if_failed(records);
   }
