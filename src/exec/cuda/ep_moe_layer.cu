@@ -94,6 +94,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   DeviceArray<unsigned long long> tile_times, segment_times;
 
   void init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o);
+  void agree_on_settings(bool split_chosen_here);
   void finish_init();
   std::byte* region(std::size_t offset) const { return transport->device_view().region[rank] + offset; }
   EpExchangeArgs exchange_args() const;
@@ -197,12 +198,20 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   if (o.identity_experts) {
     if (o.strategy == EpStrategy::TileSignal) throw_bad_input("identity experts run the sequential strategy only");
     options.strategy = EpStrategy::Sequential;
+    agree_on_settings(false);
     return;
   }
   if (!remote_peers) y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
   const double rows_per_expert = static_cast<double>(world) * static_cast<double>(slots) / static_cast<double>(E);
   ExpertFfnOptions ffn_options;
-  if (o.strategy == EpStrategy::Auto || (o.strategy == EpStrategy::TileSignal && o.consumer_ctas == 0)) {
+  // tile_signal needs the device dispatch, the planned GEMM's flags and load/store peers; auto
+  // runs sequential where those are missing
+  const bool can_overlap = o.dispatch == DispatchPath::Device && o.gemm == GemmPath::Planned && !remote_peers;
+  bool split_chosen_here = false;
+  if (o.strategy == EpStrategy::Auto && !can_overlap) {
+    options.strategy = EpStrategy::Sequential;
+    split_note = remote_peers ? "auto: sequential (peers on other nodes)" : "auto: sequential (this path cannot overlap)";
+  } else if (o.strategy == EpStrategy::Auto || (o.strategy == EpStrategy::TileSignal && o.consumer_ctas == 0)) {
     // the cost model, for the layer's shape under balanced routing: each rank receives about
     // tokens x top_k rows, (world - 1) / world of them from other ranks
     const double rows = static_cast<double>(c.tokens * c.top_k);
@@ -222,7 +231,9 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     std::snprintf(note, sizeof note, "model %.3f ms at c=%d vs sequential %.3f ms", choice.overlap ? choice.predicted_ms : 0.0,
                   options.consumer_ctas, choice.sequential_ms);
     split_note = std::string(o.strategy == EpStrategy::Auto ? "auto: " : "") + note;
+    split_chosen_here = true;
   }
+  agree_on_settings(split_chosen_here);
   if (options.strategy == EpStrategy::TileSignal) {
     if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
       throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
@@ -230,8 +241,6 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     if (o.consumer_ctas < 0 || o.bands_per_segment < 1 || o.bands_per_segment > 32) {
       throw_bad_input("tile_signal: consumer CTAs must be >= 0 (0 = auto) and bands per segment 1..32");
     }
-    // auto: an eighth of the SMs (16 on a whole H200), at least 2, and no more than all sharing
-    // ranks' consumers can hold resident in half the GPU
     consumer_ctas = options.consumer_ctas;
     // a consumer CTA keeps GEMM1 off its SM: every sharing rank's consumers together get at
     // most half of the SMs, and GEMM1 runs on the rest
@@ -266,31 +275,64 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
 }
 
+// Every rank must run the same exchange: the arrival targets count the peers' CTAs as this
+// rank's, and the region offsets follow from the shape. A split the cost model chose is rank
+// 0's (processes calibrate their own GPUs and could pick differently at a boundary); the rest
+// must match, or every rank refuses with the same message.
+void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
+  enum : std::size_t { kCtasPerPeer, kConsumerCtas, kStrategy, kChosen, kCapacity, kTokens, kHidden, kTopK, kExperts, kCount };
+  int mine[kCount] = {};
+  mine[kCtasPerPeer] = ctas_per_peer;
+  mine[kConsumerCtas] = options.consumer_ctas;
+  mine[kStrategy] = static_cast<int>(options.strategy);
+  mine[kChosen] = split_chosen_here ? 1 : 0;
+  mine[kCapacity] = static_cast<int>(layout.receive_capacity);
+  mine[kTokens] = static_cast<int>(config.tokens);
+  mine[kHidden] = static_cast<int>(config.hidden);
+  mine[kTopK] = static_cast<int>(config.top_k);
+  mine[kExperts] = static_cast<int>(config.num_experts);
+  std::vector<int> all(kCount * static_cast<std::size_t>(world));
+  {  // freed before any peer waits on this rank's kernels: cudaFree waits for the whole device
+    DeviceArray<int> sent(kCount), gathered(all.size());
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(sent.data(), mine, sizeof mine, cudaMemcpyHostToDevice, own));  // ordered with the gather
+    transport->host_exchange().all_gather(own, sent.data(), static_cast<int>(kCount), gathered.data());
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), gathered.data(), all.size() * sizeof(int), cudaMemcpyDeviceToHost, own));
+    transport->synchronize(own, "the ranks' exchange settings");
+  }
+  auto of = [&](int q, std::size_t field) { return all[static_cast<std::size_t>(q) * kCount + field]; };
+  if (of(0, kChosen) != mine[kChosen]) {
+    throw_bad_input("rank 0 and rank " + std::to_string(rank) + " disagree on whether the cost model picks the SM split: " +
+                    "give every rank the same strategy and consumer_ctas");
+  }
+  if (split_chosen_here && rank != 0) {
+    options.strategy = static_cast<EpStrategy>(of(0, kStrategy));
+    options.consumer_ctas = of(0, kConsumerCtas);
+    if (of(0, kStrategy) != mine[kStrategy] || of(0, kConsumerCtas) != mine[kConsumerCtas]) split_note += "; rank 0's pick";
+    mine[kStrategy] = of(0, kStrategy);
+    mine[kConsumerCtas] = of(0, kConsumerCtas);
+  }
+  static const char* const names[kCount] = {"exchange CTAs per peer", "consumer CTAs", "strategy", "", "receive rows",
+                                            "tokens", "hidden", "top-k", "experts"};
+  for (int q = 0; q < world; ++q) {
+    for (std::size_t f = 0; f < kCount; ++f) {
+      if (f == kChosen) continue;
+      const int theirs = (split_chosen_here && (f == kStrategy || f == kConsumerCtas)) ? of(0, f) : of(q, f);
+      if (theirs != mine[f]) {
+        throw_bad_input("rank " + std::to_string(q) + " runs " + std::to_string(theirs) + " " + names[f] + ", rank " +
+                        std::to_string(rank) + " " + std::to_string(mine[f]) +
+                        ": every rank needs the same layer shape and exchange settings (set exchange_ctas_per_peer, "
+                        "consumer_ctas and receive_rows explicitly where GPUs differ)");
+      }
+    }
+  }
+}
+
 // This rank's region starts from a clean slate (flags at 0, no failure), then the world meets:
 // nobody writes into a peer's region before that peer has cleared it.
 void EpMoeLayer::Impl::finish_init() {
   TILEMOE_CUDA_CHECK(cudaMemsetAsync(region(0), 0, layout.dispatch_rows, own));
   if (remote_peers) launch_reset_gin_signals(own, transport->device_view());  // a previous layer's counts
   TILEMOE_CUDA_CHECK(cudaStreamSynchronize(own));
-  // the arrival targets count the peers' CTAs as this rank's: every rank must run the same
-  // counts (they follow from options and SMs, which could differ between GPUs)
-  const int mine[2] = {ctas_per_peer, consumer_ctas};
-  std::vector<int> all(static_cast<std::size_t>(2 * world));
-  {  // freed before the barrier: cudaFree waits for the whole device, peers' steps included
-    DeviceArray<int> sent(2), gathered(static_cast<std::size_t>(2 * world));
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(sent.data(), mine, sizeof mine, cudaMemcpyHostToDevice, own));  // ordered with the gather
-    transport->host_exchange().all_gather(own, sent.data(), 2, gathered.data());
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), gathered.data(), all.size() * sizeof(int), cudaMemcpyDeviceToHost, own));
-    transport->synchronize(own, "the ranks' exchange settings");
-  }
-  for (int q = 0; q < world; ++q) {
-    if (all[static_cast<std::size_t>(2 * q)] != mine[0] || all[static_cast<std::size_t>(2 * q + 1)] != mine[1]) {
-      throw_bad_input("rank " + std::to_string(q) + " runs " + std::to_string(all[static_cast<std::size_t>(2 * q)]) +
-                      " exchange CTAs per peer and " + std::to_string(all[static_cast<std::size_t>(2 * q + 1)]) +
-                      " consumer CTAs, rank " + std::to_string(rank) + " " + std::to_string(mine[0]) + " and " +
-                      std::to_string(mine[1]) + ": set EpMoeLayerOptions::exchange_ctas_per_peer and consumer_ctas explicitly");
-    }
-  }
   transport->host_barrier();
 }
 
