@@ -34,10 +34,13 @@ struct Shape {
   int hidden, ffn, experts, top_k;
 };
 
+constexpr int kWholeExpert = 1 << 30;  // a band block no expert reaches: the sequential tile order
+
 struct Variant {
   cuda::EpStrategy strategy;
   int consumer_ctas;  // 0 = auto
   int mgb;
+  int band_block = 0;  // 0 = the layer's rule
 };
 
 struct Result {
@@ -47,7 +50,48 @@ struct Result {
   std::string how;
 };
 
+// Where the overlap's time goes, from a traced step, the worst rank each: GEMM1's span, the
+// spread of its lanes' first tile starts (a second wave of clusters shows as a late lane),
+// the first segment's readiness after GEMM1's start, and the consumer's tail past GEMM1's end.
+struct OverlapTimes {
+  double gemm1_us = 0, late_lane_us = 0, first_ready_us = 0, tail_us = 0;
+};
+
+OverlapTimes overlap_times(const std::vector<DeviceSpan>& spans, int ranks) {
+  OverlapTimes worst;
+  for (int r = 0; r < ranks; ++r) {
+    std::uint64_t g0 = UINT64_MAX, g1 = 0, c0 = UINT64_MAX, c1 = 0;
+    std::vector<std::uint64_t> lane_start;
+    for (const DeviceSpan& s : spans) {
+      if (s.rank != r) continue;
+      if (s.track == "GEMM1 tiles") {
+        g0 = std::min(g0, s.start_ns);
+        g1 = std::max(g1, s.end_ns);
+        if (lane_start.size() <= static_cast<std::size_t>(s.lane)) lane_start.resize(static_cast<std::size_t>(s.lane) + 1, UINT64_MAX);
+        lane_start[static_cast<std::size_t>(s.lane)] = std::min(lane_start[static_cast<std::size_t>(s.lane)], s.start_ns);
+      } else if (s.track == "consumer") {
+        c0 = std::min(c0, s.start_ns);
+        c1 = std::max(c1, s.end_ns);
+      }
+    }
+    if (g1 == 0) continue;
+    std::uint64_t latest = g0;
+    for (std::uint64_t t : lane_start) {
+      if (t != UINT64_MAX) latest = std::max(latest, t);
+    }
+    worst.gemm1_us = std::max(worst.gemm1_us, (g1 - g0) / 1e3);
+    worst.late_lane_us = std::max(worst.late_lane_us, (latest - g0) / 1e3);
+    if (c1 > 0) {
+      worst.first_ready_us = std::max(worst.first_ready_us, (static_cast<double>(c0) - static_cast<double>(g0)) / 1e3);
+      worst.tail_us = std::max(worst.tail_us, (static_cast<double>(c1) - static_cast<double>(g1)) / 1e3);
+    }
+  }
+  return worst;
+}
+
 struct RankRun {
+  bool overlapped = false;  // what the layer runs (auto's pick)
+  int consumer_ctas = 0;
   std::vector<double> ms;
   std::vector<std::uint16_t> output;
   std::vector<DeviceSpan> spans;
@@ -69,6 +113,8 @@ void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cud
   {
     cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{seed}, transport, options);
     out.how = layer.description();
+    out.overlapped = layer.strategy() == cuda::EpStrategy::TileSignal;
+    out.consumer_ctas = layer.consumer_ctas();
     for (int run = 0; run < runs + 2; ++run) {  // 2 warm-ups
       transport.host_barrier();
       TILEMOE_CUDA_CHECK(cudaMemsetAsync(y, 0xff, x_count * 2, stream));
@@ -110,14 +156,19 @@ int main(int argc, char** argv) {
     const std::vector<Shape> shapes = {{"mixtral-8x7b", 4096, 14336, 8, 2}, {"deepseek-v3", 7168, 2048, 256, 8}};
     const std::vector<int> token_counts = quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384};
     const std::vector<int> world_sizes = quick ? std::vector<int>{4} : std::vector<int>{4, 8};
-    std::vector<Variant> variants = {{cuda::EpStrategy::Sequential, 0, 1}, {cuda::EpStrategy::TileSignal, 0, 1}};
+    // sequential (traced, for GEMM1's own span), auto (the cost model picks the strategy and
+    // the split), tile_signal with the model's split, then the sweep
+    std::vector<Variant> variants = {{cuda::EpStrategy::Sequential, 0, 1},
+                                     {cuda::EpStrategy::Auto, 0, 1},
+                                     {cuda::EpStrategy::TileSignal, 0, 1},
+                                     {cuda::EpStrategy::TileSignal, 0, 1, kWholeExpert}};
     const std::vector<int> sweep_c = quick ? std::vector<int>{2, 8} : std::vector<int>{2, 4, 8, 14, 20, 28};
     for (int c : sweep_c) {
       for (int mgb : {1, 2}) variants.push_back({cuda::EpStrategy::TileSignal, c, mgb});
     }
     const int runs = quick ? 5 : 10;
-    std::printf("%-13s %6s %5s %-34s %10s %8s %8s %s\n", "shape", "tokens", "ranks", "variant", "layer ms", "speedup", "hidden",
-                "bitwise");
+    std::printf("%-13s %6s %5s %-30s %9s %8s %7s %7s | %8s %7s %7s %7s\n", "shape", "tokens", "ranks", "variant", "layer ms",
+                "speedup", "hidden", "bitwise", "GEMM1 us", "late", "ready", "tail");
     for (const Shape& shape : shapes) {
       for (int tokens : token_counts) {
         for (int n : world_sizes) {
@@ -145,8 +196,9 @@ int main(int argc, char** argv) {
             options.strategy = v.strategy;
             options.consumer_ctas = v.consumer_ctas;
             options.bands_per_segment = v.mgb;
+            options.band_block = v.band_block;
             options.receive_rows = receive_rows;
-            options.record_trace = v.strategy == cuda::EpStrategy::TileSignal;
+            options.record_trace = true;  // every variant's last step: GEMM1's span next to the consumer's
             cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n, options), 0, world_options);
             std::vector<RankRun> ranks(static_cast<std::size_t>(n));
             std::vector<std::string> errors(static_cast<std::size_t>(n));
@@ -186,35 +238,42 @@ int main(int argc, char** argv) {
               all.insert(all.end(), rr.output.begin(), rr.output.end());
               spans.insert(spans.end(), rr.spans.begin(), rr.spans.end());
             }
+            const OverlapTimes times = overlap_times(spans, n);
+            const bool overlapped = ranks[0].overlapped;  // auto may have picked sequential
             if (v.strategy == cuda::EpStrategy::Sequential) {
               sequential_output = all;
               sequential_ms = res.ms;
             } else {
               res.bitwise = all == sequential_output;
-              res.hidden = hidden_share(spans, "GEMM1 tiles", "consumer");
+              res.hidden = overlapped ? hidden_share(spans, "GEMM1 tiles", "consumer") : 0.0;
               if (!res.bitwise) ++failures;
-              if (!traced && !trace_path.empty()) {
+              if (overlapped && !traced && !trace_path.empty()) {
                 write_device_trace(trace_path, std::string(shape.name) + " tile_signal", spans);
                 traced = true;
               }
             }
             const std::string variant =
-                v.strategy == cuda::EpStrategy::Sequential
-                    ? std::string("sequential")
-                    : (v.consumer_ctas == 0 ? "tile_signal auto" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
-                          " mgb=" + std::to_string(v.mgb);
-            std::printf("%-13s %6d %5d %-34s %10.3f %7.2fx %7.0f%% %s   (%s; %d SMs/rank, link %.0f GB/s)\n", shape.name, tokens, n,
-                        variant.c_str(), res.ms, sequential_ms / res.ms, 100.0 * res.hidden,
-                        v.strategy == cuda::EpStrategy::Sequential ? "-" : (res.bitwise ? "yes" : "NO"), res.how.c_str(),
-                        sms_per_rank, world_options.link_gbps);
+                v.strategy == cuda::EpStrategy::Sequential ? std::string("sequential")
+                : v.strategy == cuda::EpStrategy::Auto
+                    ? std::string("auto -> ") + (overlapped ? "c=" + std::to_string(ranks[0].consumer_ctas) : "sequential")
+                    : (v.consumer_ctas == 0 ? "tile_signal model-c" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
+                          " mgb=" + std::to_string(v.mgb) + (v.band_block == kWholeExpert ? " unblocked" : "");
+            std::printf("%-13s %6d %5d %-30s %9.3f %7.2fx %6.0f%% %7s | %8.0f %7.0f %7.0f %7.0f   (%s; %d SMs/rank, link %.0f GB/s)\n",
+                        shape.name, tokens, n, variant.c_str(), res.ms, sequential_ms / res.ms, 100.0 * res.hidden,
+                        v.strategy == cuda::EpStrategy::Sequential ? "-" : (res.bitwise ? "yes" : "NO"), times.gemm1_us,
+                        times.late_lane_us, overlapped ? times.first_ready_us : 0.0, overlapped ? times.tail_us : 0.0,
+                        res.how.c_str(), sms_per_rank, world_options.link_gbps);
+            std::fflush(stdout);
             if (json) {
               std::fprintf(json,
                            "{\"shape\":\"%s\",\"tokens\":%d,\"ranks\":%d,\"variant\":\"%s\",\"auto\":%s,\"consumer_ctas\":%d,"
                            "\"mgb\":%d,\"layer_ms\":%.4f,\"sequential_ms\":%.4f,\"hidden_share\":%.4f,\"bitwise\":%s,"
-                           "\"sms_per_rank\":%d,\"link_gbps\":%.1f,\"how\":\"%s\",\"runs\":%d}\n",
-                           shape.name, tokens, n, variant.c_str(), v.consumer_ctas == 0 ? "true" : "false", v.consumer_ctas, v.mgb,
-                           res.ms, sequential_ms, res.hidden, res.bitwise ? "true" : "false", sms_per_rank,
-                           world_options.link_gbps, res.how.c_str(), runs);
+                           "\"sms_per_rank\":%d,\"link_gbps\":%.1f,\"how\":\"%s\",\"runs\":%d,\"gemm1_us\":%.1f,"
+                           "\"late_lane_us\":%.1f,\"first_ready_us\":%.1f,\"tail_us\":%.1f}\n",
+                           shape.name, tokens, n, variant.c_str(), v.strategy == cuda::EpStrategy::Auto ? "true" : "false",
+                           overlapped ? ranks[0].consumer_ctas : 0, v.mgb, res.ms, sequential_ms, res.hidden,
+                           res.bitwise ? "true" : "false", sms_per_rank, world_options.link_gbps, res.how.c_str(), runs,
+                           times.gemm1_us, times.late_lane_us, times.first_ready_us, times.tail_us);
               std::fflush(json);
             }
           }

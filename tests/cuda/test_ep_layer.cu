@@ -240,6 +240,7 @@ void run_case(const Case& c, std::uint64_t seed) {
     cuda::EpMoeLayerOptions overlap;
     overlap.strategy = cuda::EpStrategy::TileSignal;
     overlap.bands_per_segment = c.ranks % 2 == 0 ? 2 : 1;
+    overlap.band_block = c.ranks == 4 ? 2 : 0;  // the smallest blocks, and the layer's rule
     {
       cuda::EpMoeLayer ts_layer(config, weights, transport, overlap);
       if (r == 0) description[ri] = ts_layer.description();

@@ -22,6 +22,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "exec/cuda/grouped_gemm.hpp"
@@ -359,6 +360,49 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
       check_tile_table(bands, int(m.size()), p.a_rows, N, cl, 0);
       Table banded(bands);
       expect(run_once(gemm, p, banded, s) == d1, label + ": 96-row bands change the bits");
+
+      // band blocks (tile_signal's GEMM1 order): the same tiles, each band's tiles together
+      // within a block, the device builder equal to the host one, the same bits
+      for (int block : {2, 4}) {
+        const std::vector<GemmTileEntry> blocked = build_tile_table(p.offset, N, cl, TileFlags::PerBand, block);
+        const std::vector<GemmTileEntry> plain = build_tile_table(p.offset, N, cl, TileFlags::PerBand);
+        int band_count = 0;
+        for (const auto& e : plain) band_count = std::max(band_count, e.flag + 1);
+        check_tile_table(blocked, int(m.size()), p.a_rows, N, cl, band_count);
+        auto key = [](const GemmTileEntry& e) {
+          return std::tuple(e.group, e.row_begin, e.rows, e.col_tile, e.flag);
+        };
+        std::vector<std::tuple<int, int, int, int, int>> a, b;
+        for (const auto& e : blocked) a.push_back(key(e));
+        for (const auto& e : plain) b.push_back(key(e));
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        expect(a == b, label + ": band blocks of " + std::to_string(block) + " change the set of tiles");
+        // inside a group, a band's last tile comes before any tile of a band two blocks on
+        bool block_major = true;
+        for (std::size_t i = 0; i < blocked.size(); ++i) {
+          for (std::size_t j = i + 1; j < blocked.size() && block_major; ++j) {
+            const GemmTileEntry &x = blocked[i], &y = blocked[j];
+            if (x.group != y.group || x.rows == 0 || y.rows == 0) continue;
+            const int bx = (x.row_begin - p.offset[std::size_t(x.group)]) / kPlannedTileM / block;
+            const int by = (y.row_begin - p.offset[std::size_t(y.group)]) / kPlannedTileM / block;
+            block_major = bx <= by;
+          }
+        }
+        expect(block_major, label + ": band blocks of " + std::to_string(block) + " are not block after block");
+        Dev<GemmTileEntry> bt(cap);
+        launch_build_tile_table(s, p.d_offset.p, int(m.size()), N, cl, TileFlags::PerBand, bt.p, int(cap), dcount.p, block);
+        CK(cudaStreamSynchronize(s));
+        std::vector<GemmTileEntry> dev_blocked = bt.get();
+        dev_blocked.resize(std::size_t(std::max(dcount.get()[0], 0)));
+        expect(dev_blocked.size() == blocked.size() &&
+                   std::memcmp(dev_blocked.data(), blocked.data(), blocked.size() * sizeof(GemmTileEntry)) == 0,
+               label + ": device-built band blocks differ from the host-built ones");
+        Table blocked_table(blocked);
+        Dev<unsigned> band_flags(std::size_t(std::max(band_count, 1)));
+        CK(cudaMemset(band_flags.p, 0, band_flags.n * 4));
+        expect(run_once(gemm, p, blocked_table, s, band_flags.p) == d1, label + ": band blocks change the bits");
+      }
 
       if (ep == PlannedEpilogue::Store && p.offset.back() > 0) {
         // the stock CUTLASS kernel of the same tile and cluster: the same mainloop, the same bits

@@ -71,6 +71,10 @@ struct EpMoeLayerOptions {
   // it waits for and ships as one segment (mgb).
   int consumer_ctas = 0;
   int bands_per_segment = 1;
+  // TileSignal: GEMM1 computes each expert's bands in blocks of this many (even; all column
+  // tiles of a block before the next block), so that bands are ready for the consumer one
+  // block at a time; 0 = about two waves of GEMM1's clusters per block.
+  int band_block = 0;
   // Rows a rank can receive per step; 0 = the dropless worst case (every source's tokens x
   // min(top_k, local experts) rows, 3.8 GB per rank at DeepSeek-V3's shape with 8 x 4096
   // tokens). A smaller capacity (DeepEP's max tokens per rank) saves memory; a step whose

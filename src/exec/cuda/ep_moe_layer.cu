@@ -88,7 +88,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   DeviceArray<GemmTileEntry> table_scratch;
   cudaStream_t consumer = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
-  int consumer_ctas = 0;
+  int consumer_ctas = 0, band_block = 0;
   std::string split_note;  // how the split was chosen, for description()
   // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
   DeviceArray<unsigned long long> tile_times, segment_times;
@@ -252,6 +252,15 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     }
     ffn_options.gemm1_sm_limit = t.sm_count() - consumer_ctas * sharing;
     ffn_options.gemm1_band_flags = true;
+    if (o.band_block < 0 || o.band_block % 2 != 0) throw_bad_input("tile_signal: band_block must be 0 (auto) or a positive even number");
+    // a band is ready after all its column tiles: in the sequential order (bands fastest, one
+    // column pair after the other) that is near the end of its expert; blocks of about two
+    // waves of GEMM1's clusters (each takes half a band's column tiles per item) bound it
+    const int column_tiles = static_cast<int>((c.hidden + kPlannedTileN - 1) / kPlannedTileN);
+    const int clusters = std::max(1, ffn_options.gemm1_sm_limit / 2);
+    const int wanted = (4 * clusters + column_tiles - 1) / column_tiles;
+    band_block = o.band_block > 0 ? o.band_block : std::max(2, (wanted + 1) / 2 * 2);
+    ffn_options.gemm1_band_block = band_block;
     const std::int64_t band_room = max_bands(layout.receive_capacity, local_experts);
     band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
     bands = DeviceArray<TileBand>(static_cast<std::size_t>(band_room));
@@ -366,7 +375,8 @@ std::string EpMoeLayer::description() const {
   std::string text = std::string(ep_strategy_name(m.options.strategy)) + ", " + dispatch_path_name(m.options.dispatch) + " dispatch";
   if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
   if (m.options.strategy == EpStrategy::TileSignal) {
-    text += ", consumer " + std::to_string(m.consumer_ctas) + " CTAs x " + std::to_string(m.options.bands_per_segment) + " band(s)";
+    text += ", consumer " + std::to_string(m.consumer_ctas) + " CTAs x " + std::to_string(m.options.bands_per_segment) +
+            " band(s), GEMM1 in blocks of " + std::to_string(m.band_block) + " bands";
   }
   if (!m.split_note.empty()) text += " (" + m.split_note + ")";
   return text + ", " + (m.ffn ? m.ffn->description() : std::string("identity experts"));

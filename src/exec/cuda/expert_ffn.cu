@@ -158,7 +158,7 @@ void ExpertFfn::build_tables(cudaStream_t stream, const int* row_offset) {
                           m.table0_capacity, m.table_count.data());
   launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.layer.hidden), cluster,
                           m.options.gemm1_band_flags ? TileFlags::PerBand : TileFlags::None, m.table1.data(), m.table1_capacity,
-                          m.table_count.data() + 1);
+                          m.table_count.data() + 1, m.options.gemm1_band_block);
 }
 
 GemmTileEntry* ExpertFfn::gemm1_table() { return impl_->table1.data(); }

@@ -23,6 +23,7 @@ namespace tilemoe::cuda {
 struct ExpertFfnOptions {
   int gemm1_sm_limit = 0;         // > 0: GEMM1 leaves the other SMs to a concurrent consumer
   bool gemm1_band_flags = false;  // GEMM1's tiles raise one flag per row band (TileFlags::PerBand)
+  int gemm1_band_block = 0;       // > 0: GEMM1's table in blocks of this many bands (build_tile_table)
 };
 
 class ExpertFfn {

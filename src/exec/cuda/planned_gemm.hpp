@@ -61,6 +61,10 @@ enum class TileFlags { None, PerTile, PerBand };
 // (row bands of 128 rows from the group's first row) fastest, cluster mates adjacent.
 // PerTile numbers flags by entry; PerBand gives all tiles of one row band one flag (so it
 // reaches N tiles per run), bands numbered in row order across groups.
+// band_block > 0 (even) orders each group in blocks of that many bands instead, block after
+// block with the same order inside a block: a block's band flags complete after its entries,
+// so a consumer of bands can start after one block rather than after nearly the whole group
+// (the weights are then read once per block, not once per group).
 // Sizes: upper bound on the entries for `rows` rows in `groups` groups.
 std::int64_t max_tile_entries(std::int64_t rows, int groups, int N, PlannedCluster cluster);
 
@@ -69,11 +73,11 @@ std::int64_t max_tile_entries(std::int64_t rows, int groups, int N, PlannedClust
 // capacity (impossible when capacity = max_tile_entries of the rows) writes none and sets
 // *count to -1, which the GEMM treats as empty.
 void launch_build_tile_table(cudaStream_t stream, const int* row_offset, int groups, int N, PlannedCluster cluster,
-                             TileFlags flags, GemmTileEntry* table, int capacity, int* count);
+                             TileFlags flags, GemmTileEntry* table, int capacity, int* count, int band_block = 0);
 
 // The same table on the host (tests, and the base that a plan's order permutes).
 std::vector<GemmTileEntry> build_tile_table(const std::vector<int>& row_offset, int N, PlannedCluster cluster,
-                                            TileFlags flags);
+                                            TileFlags flags, int band_block = 0);
 
 // Throws a bad-input tilemoe::Error naming the first entry that breaks a rule: a bad group,
 // rows outside 0..128 or outside [0, a_rows), a col_tile outside the N tiles, a flag outside

@@ -37,7 +37,7 @@ __host__ __device__ inline GroupTiles group_tiles(int rows, int n_tiles, Planned
 // Entry `local` of group g (rows [begin, begin + rows)); `band0` = the group's first band id.
 // Mates are adjacent (local = 2 * pair + mate); a mate past the group's tiles is padding: a copy
 // of its partner with rows = 0, so the operand the cluster multicasts is the same.
-__host__ __device__ inline GemmTileEntry decode_entry(int g, int begin, int rows, int band0, int local, int index,
+__host__ __device__ inline GemmTileEntry decode_block_entry(int g, int begin, int rows, int band0, int local, int index,
                                                       int n_tiles, PlannedCluster cluster, TileFlags flags) {
   const GroupTiles t = group_tiles(rows, n_tiles, cluster);
   const int pair = local / 2, mate = local % 2;
@@ -62,9 +62,28 @@ __host__ __device__ inline GemmTileEntry decode_entry(int g, int begin, int rows
   return e;
 }
 
+// Entry `local` of group g with the group's bands in blocks of `band_block` (0: one block):
+// block after block, each block decoded as a group of its own (N tiles outer, its bands
+// fastest), so a block's bands are complete after its entries, long before the group's end.
+// Blocks are even (a 2x1 cluster's pairs never straddle two), so the entry count is the same.
+__host__ __device__ inline GemmTileEntry decode_entry(int g, int begin, int rows, int band0, int local, int index,
+                                                      int n_tiles, PlannedCluster cluster, TileFlags flags, int band_block) {
+  const GroupTiles t = group_tiles(rows, n_tiles, cluster);
+  if (band_block <= 0 || band_block >= t.m_tiles) {
+    return decode_block_entry(g, begin, rows, band0, local, index, n_tiles, cluster, flags);
+  }
+  const int per_block = group_tiles(band_block * kPlannedTileM, n_tiles, cluster).entries;
+  const int block = local / per_block;
+  const int first_band = block * band_block;
+  const int left = rows - first_band * kPlannedTileM;
+  const int block_rows = left < band_block * kPlannedTileM ? left : band_block * kPlannedTileM;
+  return decode_block_entry(g, begin + first_band * kPlannedTileM, block_rows, band0 + first_band, local - block * per_block,
+                            index, n_tiles, cluster, flags);
+}
+
 __global__ void build_tile_table_kernel(const int* __restrict__ row_offset, int groups, int n_tiles,
-                                        PlannedCluster cluster, TileFlags flags, GemmTileEntry* __restrict__ table,
-                                        int capacity, int* count) {
+                                        PlannedCluster cluster, TileFlags flags, int band_block,
+                                        GemmTileEntry* __restrict__ table, int capacity, int* count) {
   __shared__ int entry_offset[kMaxBuilderGroups + 1];
   __shared__ int band_offset[kMaxBuilderGroups + 1];
   __shared__ int totals[2];
@@ -121,12 +140,18 @@ __global__ void build_tile_table_kernel(const int* __restrict__ row_offset, int 
     }
     const int begin = row_offset[lo];
     table[index] = decode_entry(lo, begin, row_offset[lo + 1] - begin, band_offset[lo], index - entry_offset[lo], index,
-                                n_tiles, cluster, flags);
+                                n_tiles, cluster, flags, band_block);
   }
   if (t == 0) *count = total;
 }
 
 int n_tiles_of(int N) { return ceil_div(N, kPlannedTileN); }
+
+void check_band_block(int band_block) {
+  if (band_block < 0 || band_block % 2 != 0) {
+    throw_bad_input("tile table: band blocks of " + std::to_string(band_block) + " bands (0 or a positive even number)");
+  }
+}
 
 }  // namespace
 
@@ -140,20 +165,22 @@ std::int64_t max_tile_entries(std::int64_t rows, int groups, int N, PlannedClust
 }
 
 void launch_build_tile_table(cudaStream_t stream, const int* row_offset, int groups, int N, PlannedCluster cluster,
-                             TileFlags flags, GemmTileEntry* table, int capacity, int* count) {
+                             TileFlags flags, GemmTileEntry* table, int capacity, int* count, int band_block) {
+  check_band_block(band_block);
   if (groups <= 0 || groups > kMaxBuilderGroups) {
     throw_bad_input("tile table: " + std::to_string(groups) + " groups (1.." + std::to_string(kMaxBuilderGroups) +
                     " supported)");
   }
   if (N <= 0) throw_bad_input("tile table: N must be positive");
-  build_tile_table_kernel<<<1, kBuilderThreads, 0, stream>>>(row_offset, groups, n_tiles_of(N), cluster, flags, table,
-                                                             capacity, count);
+  build_tile_table_kernel<<<1, kBuilderThreads, 0, stream>>>(row_offset, groups, n_tiles_of(N), cluster, flags, band_block,
+                                                             table, capacity, count);
   TILEMOE_CUDA_CHECK_LAUNCH("build_tile_table_kernel<<<>>>");
 }
 
 std::vector<GemmTileEntry> build_tile_table(const std::vector<int>& row_offset, int N, PlannedCluster cluster,
-                                            TileFlags flags) {
+                                            TileFlags flags, int band_block) {
   if (row_offset.size() < 2) throw_bad_input("tile table: row_offset needs groups + 1 entries");
+  check_band_block(band_block);
   const int n_tiles = n_tiles_of(N);
   std::vector<GemmTileEntry> table;
   int band0 = 0;
@@ -163,7 +190,7 @@ std::vector<GemmTileEntry> build_tile_table(const std::vector<int>& row_offset, 
     const GroupTiles t = group_tiles(rows, n_tiles, cluster);
     for (int local = 0; local < t.entries; ++local) {
       table.push_back(decode_entry(static_cast<int>(g), begin, rows, band0, local, static_cast<int>(table.size()),
-                                   n_tiles, cluster, flags));
+                                   n_tiles, cluster, flags, band_block));
     }
     band0 += t.m_tiles;
   }
