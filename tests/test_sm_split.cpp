@@ -70,10 +70,23 @@ TEST(SmSplit, NeverPredictsWorseThanSequential) {
       for (double link : {0.0, 50.0, 370.0}) {
         const SplitChoice c = choose_split(problem(tflop, gb, link), h200_like());
         EXPECT_LE(c.predicted_ms, c.sequential_ms) << tflop << " TFLOP, " << gb << " GB, link " << link;
-        if (c.overlap) EXPECT_LT(c.predicted_ms, c.sequential_ms * 0.97);
+        if (c.overlap) {
+          EXPECT_LT(c.predicted_ms, c.sequential_ms * 0.97);
+        }
       }
     }
   }
+}
+
+TEST(SmSplit, StepsThroughEvenSplitsOnly) {
+  for (double gb : {0.05, 0.5, 1.0, 2.0}) {
+    const SplitChoice c = choose_split(problem(2.0, gb, 370.0), h200_like(), 2, 32, 0.03, 2);
+    EXPECT_EQ(c.best_ctas % 2, 0) << gb << " GB";
+    if (c.overlap) {
+      EXPECT_EQ(c.consumer_ctas % 2, 0) << gb << " GB";
+    }
+  }
+  EXPECT_THROW(choose_split(problem(2.0, 1.0, 370.0), h200_like(), 2, 32, 0.03, 0), Error);
 }
 
 TEST(SmSplit, RejectsNonsense) {

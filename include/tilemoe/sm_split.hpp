@@ -39,8 +39,9 @@ struct SplitChoice {
 };
 
 // Bad input for rates or a problem that make no sense (non-positive rates, too few SMs).
+// Candidates are min_ctas, min_ctas + ctas_step, ... up to max_ctas.
 SplitChoice choose_split(const SplitProblem& problem, const GpuRates& rates, int min_ctas = 2, int max_ctas = 32,
-                         double margin = 0.03);
+                         double margin = 0.03, int ctas_step = 1);
 
 // The calibration cache: a JSON file of rates per GPU. `load_rates` returns nothing for a
 // missing, unreadable or malformed file, or one without this GPU (the caller calibrates);

@@ -21,21 +21,22 @@ double consumer_seconds(const SplitProblem& p, const GpuRates& r, int ctas) {
 
 }  // namespace
 
-SplitChoice choose_split(const SplitProblem& problem, const GpuRates& rates, int min_ctas, int max_ctas, double margin) {
+SplitChoice choose_split(const SplitProblem& problem, const GpuRates& rates, int min_ctas, int max_ctas, double margin,
+                         int ctas_step) {
   if (rates.gemm_flops_per_sm <= 0.0 || rates.copy_bytes_per_cta <= 0.0) {
     throw_bad_input("SM split: the calibrated rates must be positive");
   }
   if (problem.sms < 3 || problem.gemm1_flops < 0.0 || problem.remote_bytes < 0.0 || problem.bands < 1) {
     throw_bad_input("SM split: a problem needs >= 3 SMs, non-negative work and at least one band");
   }
-  if (min_ctas < 1 || max_ctas < min_ctas) throw_bad_input("SM split: bad range of consumer CTAs");
+  if (min_ctas < 1 || max_ctas < min_ctas || ctas_step < 1) throw_bad_input("SM split: bad range of consumer CTAs");
   SplitChoice best;
   const double gemm_all = problem.gemm1_flops / (rates.gemm_flops_per_sm * problem.sms);
   best.sequential_ms = 1e3 * (gemm_all + consumer_seconds(problem, rates, problem.sms));
   best.predicted_ms = best.sequential_ms;
   const int top = std::min(max_ctas, problem.sms - 2);
   double least = 0.0;
-  for (int c = min_ctas; c <= top; ++c) {
+  for (int c = min_ctas; c <= top; c += ctas_step) {
     const double gemm = problem.gemm1_flops / (rates.gemm_flops_per_sm * (problem.sms - c));
     const double comm = consumer_seconds(problem, rates, c);
     const double ms = 1e3 * (std::max(gemm, comm) + comm / problem.bands);

@@ -224,7 +224,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     // a consumer CTA takes a whole SM from GEMM1 (its registers block the GEMM's CTA there), so
     // the budget is in SMs: all sharing ranks' consumers together at most half of them
     const int most = std::max(2, std::min(32, t.sm_count() / (2 * sharing)));
-    const SplitChoice choice = choose_split(problem, gpu_rates(device), 2, most);
+    const SplitChoice choice = choose_split(problem, gpu_rates(device), 2, most, 0.03, 2);  // even: clusters of 2
     if (o.strategy == EpStrategy::Auto) options.strategy = choice.overlap ? EpStrategy::TileSignal : EpStrategy::Sequential;
     options.consumer_ctas = choice.overlap ? choice.consumer_ctas : choice.best_ctas;
     char note[160];
@@ -238,8 +238,9 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
       throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
     }
-    if (o.consumer_ctas < 0 || o.bands_per_segment < 1 || o.bands_per_segment > 32) {
-      throw_bad_input("tile_signal: consumer CTAs must be >= 0 (0 = auto) and bands per segment 1..32");
+    if (o.consumer_ctas < 0 || o.consumer_ctas % 2 != 0 || o.bands_per_segment < 1 || o.bands_per_segment > 32) {
+      throw_bad_input("tile_signal: consumer CTAs must be even (clusters of 2, like GEMM1's; 0 = auto) and bands per "
+                      "segment 1..32");
     }
     consumer_ctas = options.consumer_ctas;
     // a consumer CTA keeps GEMM1 off its SM: every sharing rank's consumers together get at

@@ -191,7 +191,22 @@ void launch_tile_signal_consumer(cudaStream_t stream, const DeviceTransport& t, 
   if (a.ctas < 1 || a.bands_per_segment < 1 || a.bands_per_segment > kMaxBandsPerSegment || a.tiles_per_band < 1) {
     throw_internal("tile signal: bad consumer arguments");
   }
-  consumer_kernel<<<a.ctas, kConsumerThreads, 0, stream>>>(t, a);
+  if (a.ctas % 2 != 0) throw_internal("tile signal: the consumer launches clusters of 2 CTAs");
+  // Clusters of 2, like GEMM1's: a lone consumer CTA on each of several SM pairs would leave
+  // single free SMs where no GEMM cluster fits, and the GEMM clusters that do not fit would
+  // run as a second wave (measured: GEMM1 twice as long at 4 and 8 loose consumer CTAs)
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(a.ctas));
+  config.blockDim = dim3(kConsumerThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, consumer_kernel, t, a));
   TILEMOE_CUDA_CHECK_LAUNCH("tile signal consumer");
 }
 
