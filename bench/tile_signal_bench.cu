@@ -145,12 +145,13 @@ int main(int argc, char** argv) {
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];  // the first tile_signal run's
+    // --trace PREFIX: per shape, tokens and ranks the first overlapped variant's last step, to
+    // PREFIX-<shape>-<tokens>x<ranks>.json
+    if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
     if (!std::strcmp(argv[i], "--quick")) quick = true;
   }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   int failures = 0;
-  bool traced = false;
   try {
     int sms = 0;
     TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
@@ -188,6 +189,7 @@ int main(int argc, char** argv) {
           world_options.timeout = std::chrono::milliseconds(30000);
           // balanced routing sends about tokens x top_k rows to each rank: room for 1.5x that
           const std::int64_t receive_rows = static_cast<std::int64_t>(1.5 * tokens * shape.top_k);
+          bool traced = false;
           std::vector<std::uint16_t> sequential_output;
           double sequential_ms = 0;
           for (const Variant& v : variants) {
@@ -251,7 +253,8 @@ int main(int argc, char** argv) {
               res.hidden = overlapped ? hidden_share(spans, "GEMM1 tiles", "consumer") : 0.0;
               if (!res.bitwise) ++failures;
               if (overlapped && !traced && !trace_path.empty()) {
-                write_device_trace(trace_path, std::string(shape.name) + " tile_signal", spans);
+                const std::string where = std::string(shape.name) + "-" + std::to_string(tokens) + "x" + std::to_string(n);
+                write_device_trace(trace_path + "-" + where + ".json", where + " " + res.how, spans);
                 traced = true;
               }
             }

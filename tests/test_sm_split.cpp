@@ -89,6 +89,23 @@ TEST(SmSplit, StepsThroughEvenSplitsOnly) {
   EXPECT_THROW(choose_split(problem(2.0, 1.0, 370.0), h200_like(), 2, 32, 0.03, 0), Error);
 }
 
+TEST(SmSplit, CountsWholeRoundsOfGemmClusters) {
+  // 32 SMs, 512 items (64 bands x 16 column tiles): 16 clusters take 32 rounds, 15 take 35
+  SplitProblem p = problem(1.0, 0.0, 0.0);
+  p.sms = 32;
+  p.bands = 64;
+  const SplitChoice smooth = choose_split(p, h200_like(), 2, 8, 0.03, 2);
+  p.column_tiles = 16;
+  const SplitChoice rounded = choose_split(p, h200_like(), 2, 8, 0.03, 2);
+  EXPECT_DOUBLE_EQ(smooth.sequential_ms, rounded.sequential_ms);  // 32 rounds exactly
+  // a little communication that the smooth model would hide profitably loses to the extra round
+  p.remote_bytes = 0.058e9;
+  p.link_bytes_per_s = 90e9;
+  EXPECT_FALSE(choose_split(p, h200_like(), 2, 8, 0.03, 2).overlap);
+  p.column_tiles = 0;
+  EXPECT_TRUE(choose_split(p, h200_like(), 2, 8, 0.03, 2).overlap);
+}
+
 TEST(SmSplit, RejectsNonsense) {
   GpuRates bad = h200_like();
   bad.copy_bytes_per_cta = 0;

@@ -2,7 +2,8 @@
 // How many SMs the tile-signal consumer gets: a small cost model of one expert-parallel step's
 // GEMM1 + combine, from two rates calibrated once per GPU (and cached in a file).
 //
-//   GEMM1 on S - c SMs:    Tg(c) = flops / (gemm_rate_per_sm * (S - c))
+//   GEMM1 on S - c SMs:    Tg(c) = flops / (gemm_rate_per_sm * (S - c)), stretched to whole
+//                          rounds of its (S - c) / 2 clusters over the tiles (column_tiles > 0)
 //   consumer on c CTAs:    Tc(c) = remote bytes / min(c * copy_rate_per_cta, link)
 //   overlapped:            T(c)  = max(Tg(c), Tc(c)) + Tc(c) / bands     (the last band ships alone)
 //   sequential:            Ts    = Tg(0) + remote bytes / min(S * copy_rate_per_cta, link)
@@ -27,6 +28,8 @@ struct SplitProblem {
   double remote_bytes = 0.0;  // rows it ships to other ranks
   double link_bytes_per_s = 0.0;  // the rank's outgoing link; 0 = not the limit
   int bands = 1;              // row bands of GEMM1 (the pipelining grain)
+  int column_tiles = 0;       // GEMM1's column tiles per band; > 0: its time counts whole rounds
+                              // of its 2-CTA clusters over bands x column_tiles / 2 items
   int sms = 0;                // SMs the rank's kernels run on
 };
 

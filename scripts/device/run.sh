@@ -71,9 +71,9 @@ for step in "${steps[@]}"; do
     ep-bench-link)
       run_step ep-bench-link "$bin/ep_exchange_bench" --quick --link-gbps 100 --json "$out/ep_bench_link.json"
       run_step ep-bench-partitions "$bin/ep_exchange_bench" --quick --sms-per-rank 32 --json "$out/ep_bench_partitions.json" ;;
-    ts-bench) run_step ts-bench "$bin/tile_signal_bench" --json "$out/ts_bench.json" --trace "$out/tile_signal_trace.json" ;;
+    ts-bench) run_step ts-bench "$bin/tile_signal_bench" --json "$out/ts_bench.json" --trace "$out/tile_signal_trace" ;;
     signal-cost) run_step signal-cost "$bin/signal_cost_bench" --json "$out/signal_cost.json" ;;
-    ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$out/tile_signal_trace.json" ;;
+    ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$out/tile_signal_trace" ;;
     cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$out/cli_tile_signal_trace.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;

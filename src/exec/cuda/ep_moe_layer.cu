@@ -220,6 +220,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     problem.remote_bytes = rows * (world - 1) / world * static_cast<double>(H) * 2.0;
     problem.link_bytes_per_s = t.link_bytes_per_s();
     problem.bands = std::max(1, static_cast<int>(rows / kPlannedTileM));
+    problem.column_tiles = static_cast<int>((H + kPlannedTileN - 1) / kPlannedTileN);
     problem.sms = std::max(3, t.sm_count() / sharing);  // ranks sharing the SMs share the GEMM rate too
     // a consumer CTA takes a whole SM from GEMM1 (its registers block the GEMM's CTA there), so
     // the budget is in SMs: all sharing ranks' consumers together at most half of them
