@@ -255,13 +255,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     ffn_options.gemm1_sm_limit = t.sm_count() - consumer_ctas * sharing;
     ffn_options.gemm1_band_flags = true;
     if (o.band_block < 0 || o.band_block % 2 != 0) throw_bad_input("tile_signal: band_block must be 0 (auto) or a positive even number");
-    // a band is ready after all its column tiles: in the sequential order (bands fastest, one
-    // column pair after the other) that is near the end of its expert; blocks of about two
-    // waves of GEMM1's clusters (each takes half a band's column tiles per item) bound it
     const int column_tiles = static_cast<int>((c.hidden + kPlannedTileN - 1) / kPlannedTileN);
-    const int clusters = std::max(1, ffn_options.gemm1_sm_limit / 2);
-    const int wanted = (4 * clusters + column_tiles - 1) / column_tiles;
-    band_block = o.band_block > 0 ? o.band_block : std::max(2, (wanted + 1) / 2 * 2);
+    band_block = o.band_block > 0 ? o.band_block : default_band_block(ffn_options.gemm1_sm_limit, column_tiles);
     ffn_options.gemm1_band_block = band_block;
     const std::int64_t band_room = max_bands(layout.receive_capacity, local_experts);
     band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));

@@ -48,6 +48,16 @@ std::int64_t max_bands(std::int64_t rows, int groups);
 void launch_build_bands(cudaStream_t stream, const int* row_offset, const int* block_offset, int groups, int world, int me,
                         TileBand* bands, int capacity, int* count);
 
+// The band block of GEMM1's table (build_tile_table) when none is given: a band is ready after
+// all its column tiles, which the sequential order (bands fastest, one column pair after the
+// other) finishes near the end of its expert; blocks of about two waves of GEMM1's 2-CTA
+// clusters (each item is half a band's column tiles) make bands ready one block at a time.
+inline int default_band_block(int gemm1_sms, int column_tiles) {
+  const int clusters = gemm1_sms / 2 > 1 ? gemm1_sms / 2 : 1;
+  const int wanted = (4 * clusters + column_tiles - 1) / column_tiles;
+  return wanted <= 2 ? 2 : (wanted + 1) / 2 * 2;
+}
+
 // Reorders the GEMM1 table (entries [0, *count), cluster items of `cluster_size` entries kept
 // together) so that the items of remote bands come first, stably; `scratch` has the table's room.
 void launch_order_remote_first(cudaStream_t stream, GemmTileEntry* table, const int* count, int cluster_size,
