@@ -86,7 +86,7 @@ float bf16_value(std::uint16_t bits) {
 void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTransport& transport, cuda::DispatchPath path,
               int runs, std::uint64_t seed, RankTimes& out, std::string& description) {
   transport.bind_thread();
-  bench::RankData data(s.tokens, s.hidden, s.experts, seed, r);
+  bench::RankData data(s.tokens, s.hidden, s.experts, seed, r, transport.stream(cuda::RankStream::Main));
   const std::size_t x_count = data.x_count;
   cudaStream_t stream = data.stream;
   __nv_bfloat16* x = data.x.data();

@@ -102,7 +102,8 @@ struct RankRun {
 void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cuda::EpMoeLayerOptions& options, int runs,
               std::uint64_t seed, RankRun& out) {
   transport.bind_thread();
-  bench::RankData data(config.tokens, config.hidden, config.num_experts, seed, transport.rank());
+  bench::RankData data(config.tokens, config.hidden, config.num_experts, seed, transport.rank(),
+                       transport.stream(cuda::RankStream::Main));
   const std::size_t x_count = data.x_count;
   cudaStream_t stream = data.stream;
   __nv_bfloat16* x = data.x.data();

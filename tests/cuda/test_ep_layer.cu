@@ -60,11 +60,11 @@ struct RankBuffers {
   float* logits = nullptr;
   __nv_bfloat16* output = nullptr;
   std::size_t out_bytes = 0;
-  cudaStream_t stream = nullptr;
+  cudaStream_t stream = nullptr;  // the rank's world stream (RankStream::Main), not owned
 
-  RankBuffers(const Matrix& x, const std::vector<float>& l, std::int64_t tokens, std::int64_t hidden) {
+  RankBuffers(const Matrix& x, const std::vector<float>& l, std::int64_t tokens, std::int64_t hidden, cudaStream_t rank_stream)
+      : stream(rank_stream) {
     out_bytes = static_cast<std::size_t>(tokens * hidden) * 2;
-    TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     TILEMOE_CUDA_CHECK(cudaMalloc(&input, std::max<std::size_t>(x.data.size(), 16)));
     TILEMOE_CUDA_CHECK(cudaMalloc(&logits, std::max<std::size_t>(l.size() * 4, 16)));
     TILEMOE_CUDA_CHECK(cudaMalloc(&output, std::max<std::size_t>(out_bytes, 16)));
@@ -76,7 +76,6 @@ struct RankBuffers {
     cudaFree(input);
     cudaFree(logits);
     cudaFree(output);
-    cudaStreamDestroy(stream);
   }
   void poison() { TILEMOE_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_bytes, stream)); }  // NaN
   Matrix read(std::int64_t tokens, std::int64_t hidden) {
@@ -195,7 +194,7 @@ void run_case(const Case& c, std::uint64_t seed) {
     const std::int64_t T = world.tokens_per_rank[ri];
     cuda::RankTransport& transport = vw.rank(r);
     transport.bind_thread();  // before its stream exists: with partitions the stream is the partition's
-    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden);
+    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden, transport.stream(cuda::RankStream::Main));
     {
       cuda::EpMoeLayer layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Device});
       description[ri] = layer.description();
@@ -236,7 +235,7 @@ void run_case(const Case& c, std::uint64_t seed) {
     const std::int64_t T = world.tokens_per_rank[ri];
     cuda::RankTransport& transport = vw.rank(r);
     transport.bind_thread();
-    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden);
+    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden, transport.stream(cuda::RankStream::Main));
     cuda::EpMoeLayerOptions overlap;
     overlap.strategy = cuda::EpStrategy::TileSignal;
     overlap.bands_per_segment = c.ranks % 2 == 0 ? 2 : 1;
@@ -275,7 +274,7 @@ void silent_rank_times_out(int ranks, int silent) {
   std::vector<double> seconds(static_cast<std::size_t>(ranks), 0);
   on_every_rank(ranks, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
-    RankBuffers b(step.inputs[ri], step.logits[ri], 64, config.hidden);
+    RankBuffers b(step.inputs[ri], step.logits[ri], 64, config.hidden, vw.rank(r).stream(cuda::RankStream::Main));
     cuda::EpMoeLayerOptions options;
     options.silent = r == silent;
     cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{5}, vw.rank(r), options);
@@ -325,7 +324,7 @@ void capacity_is_enforced() {
     std::vector<double> seconds(2);
     on_every_rank(2, [&](int r) {
       const auto ri = static_cast<std::size_t>(r);
-      RankBuffers b(step.inputs[ri], step.logits[ri], 100, config.hidden);
+      RankBuffers b(step.inputs[ri], step.logits[ri], 100, config.hidden, vw.rank(r).stream(cuda::RankStream::Main));
       cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{3}, vw.rank(r), options);
       const auto start = std::chrono::steady_clock::now();
       try {
@@ -371,6 +370,20 @@ void bad_input_is_refused() {
   expect(refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, vw.rank(0), greedy); }, "do not fit"),
          "exchange CTAs that cannot all be resident are refused");
   expect(refused([] { cuda::VirtualWorld w(17, 1 << 20); }, "1 to 16"), "more than 16 virtual ranks are refused");
+  // a stream of the rank's own making, not the world's (it could share a hardware queue with a
+  // peer's waiting kernel): refused before anything is enqueued
+  bool stream_refused = false;
+  on_every_rank(2, [&](int r) {
+    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{}, vw.rank(r));
+    if (r == 0) {
+      cudaStream_t own;
+      TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+      stream_refused = refused([&] { layer.forward(own, nullptr, nullptr, nullptr, 0); }, "world's stream");
+      cudaStreamDestroy(own);
+    }
+    vw.rank(r).host_barrier();
+  });
+  expect(stream_refused, "a forward on a stream other than the world's is refused");
 }
 
 }  // namespace

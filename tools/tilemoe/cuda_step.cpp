@@ -30,8 +30,8 @@ void require_device() {
   }
 }
 
-// One rank's step: its own non-blocking stream (with virtual ranks the ranks' kernels wait for
-// each other), its buffers allocated before and freed after the world's forwards (cudaFree
+// One rank's step: on the world's stream of the rank (with virtual ranks the ranks' kernels wait
+// for each other), its buffers allocated before and freed after the world's forwards (cudaFree
 // synchronises the whole device). Fills outputs[rank] and routing[rank] of `result`.
 void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankTransport& transport,
                    const cuda::EpMoeLayerOptions& options, const std::string& how, CudaStepOutput& result,
@@ -40,9 +40,8 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
   const auto ri = static_cast<std::size_t>(r);
   const std::int64_t tokens = step.world.tokens_per_rank[ri];
   const Matrix& input = step.inputs[ri];
-  transport.bind_thread();  // before the stream exists: with SM partitions it is the partition's
-  cudaStream_t stream;
-  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  transport.bind_thread();
+  cudaStream_t stream = transport.stream(cuda::RankStream::Main);  // the world's (rank_transport.hpp says why)
   cudaEvent_t start, end;
   TILEMOE_CUDA_CHECK(cudaEventCreate(&start));
   TILEMOE_CUDA_CHECK(cudaEventCreate(&end));
@@ -99,7 +98,6 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
   }
   cudaEventDestroy(start);
   cudaEventDestroy(end);
-  cudaStreamDestroy(stream);
 }
 
 MoeConfig largest_rank_layer(const EpWorld& world) {

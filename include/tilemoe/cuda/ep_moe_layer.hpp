@@ -106,9 +106,10 @@ class EpMoeLayer {
 
   // One step; every rank of the world must call it, each with its own tokens (0..layer.tokens).
   // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32, output [tokens, hidden]
-  // bf16, device pointers 16-byte aligned. With ranks sharing a GPU the stream must be
-  // non-blocking (cudaStreamNonBlocking): the legacy stream would serialise kernels that wait
-  // for each other. After a failed step (see check) the layer refuses further forwards.
+  // bf16, device pointers 16-byte aligned. With ranks sharing a GPU (virtual ranks) the stream
+  // must be the world's transport.stream(RankStream::Main): other streams can share a hardware
+  // queue with a peer's waiting kernel (rank_transport.hpp). After a failed step (see check)
+  // the layer refuses further forwards.
   void forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits, __nv_bfloat16* output,
                std::int64_t tokens, const EpStageEvents* events = nullptr);
 

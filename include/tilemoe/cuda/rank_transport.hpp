@@ -27,6 +27,19 @@ class HostExchange {
                           const std::vector<std::size_t>& recv_bytes) = 0;
 };
 
+// The streams of a rank, made by its world. Ranks sharing a GPU share its hardware work queues
+// (CUDA_DEVICE_MAX_CONNECTIONS, at most 32; streams take them round robin in creation order):
+// a rank's kernel that waits for a peer, queued on a shared queue ahead of the peer's kernel it
+// waits for, blocks that kernel until the timeout. A world makes all its ranks' streams in one
+// batch, so that up to 32 of them take distinct queues, and the layers of a world whose ranks
+// share a GPU run on these streams only (measured: an 8-rank test stalled intermittently on
+// streams made by the ranks' threads).
+enum class RankStream {
+  Main,      // the rank's forward steps: pass it to EpMoeLayer::forward
+  Consumer,  // the tile-signal consumer (high priority)
+  Setup,     // set-up copies and read-backs that must not wait for the rank's steps
+};
+
 class RankTransport {
  public:
   virtual ~RankTransport() = default;
@@ -48,6 +61,9 @@ class RankTransport {
   // The rank's outgoing link for the SM split's cost model, bytes/s; 0: not the limit (virtual
   // ranks without link emulation, where the GPU's memory is the link).
   virtual double link_bytes_per_s() const = 0;
+  // Non-blocking streams owned by the world, valid while it lives; with SM partitions they run
+  // on the rank's SMs.
+  virtual cudaStream_t stream(RankStream which) const = 0;
   virtual const DeviceTransport& device_view() const = 0;
   virtual HostExchange& host_exchange() = 0;
   // All ranks meet on the host; bounded by the world's timeout (a Timeout error names who is

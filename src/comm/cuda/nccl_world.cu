@@ -105,7 +105,8 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
   ncclDevComm dev_comm{};
   bool dev_comm_made = false;
   DeviceTransport view;
-  cudaStream_t readback = nullptr;
+  cudaStream_t readback = nullptr;  // RankStream::Setup
+  cudaStream_t main = nullptr, consumer = nullptr;
   comm::WaitFailure* failure_copies = nullptr;  // [world] device scratch for throw_if_failed
   ncclDevComm* dev_comm_copy = nullptr;          // in device memory, for the GIN kernels (worlds across nodes)
 
@@ -113,7 +114,9 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
       : rendezvous(r), bytes(region_bytes), gpu(dev), options(o), call(r.rank(), o.timeout) {}
 
   ~Impl() override {
-    if (readback) cudaStreamDestroy(readback);
+    for (cudaStream_t s : {readback, main, consumer}) {
+      if (s) cudaStreamDestroy(s);
+    }
     if (failure_copies) cudaFree(failure_copies);
     if (dev_comm_copy) cudaFree(dev_comm_copy);
     if (comm == nullptr) {  // never made, or aborted after a peer failed
@@ -155,6 +158,9 @@ struct NcclWorld::Impl final : RankTransport, HostExchange {
     const char* given = std::getenv("TILEMOE_LINK_GBPS");
     const double gbps = given && *given ? std::atof(given) : 370.0;
     return gbps > 0.0 ? gbps * 1e9 : 0.0;
+  }
+  cudaStream_t stream(RankStream which) const override {
+    return which == RankStream::Main ? main : which == RankStream::Consumer ? consumer : readback;
   }
   const DeviceTransport& device_view() const override { return view; }
   HostExchange& host_exchange() override { return *this; }
@@ -252,6 +258,10 @@ NcclWorld::NcclWorld(launch::Rendezvous& rendezvous, std::size_t region_bytes, i
   if (options.timeout.count() <= 0) throw_bad_input("the NCCL world's timeout must be positive");
   TILEMOE_CUDA_CHECK(cudaSetDevice(device));
   TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.readback, cudaStreamNonBlocking));
+  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&m.main, cudaStreamNonBlocking));
+  int lowest = 0, highest = 0;
+  TILEMOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+  TILEMOE_CUDA_CHECK(cudaStreamCreateWithPriority(&m.consumer, cudaStreamNonBlocking, highest));
   TILEMOE_CUDA_CHECK(cudaMalloc(&m.failure_copies, sizeof(comm::WaitFailure) * kMaxRanks));
 
   // the unique id travels through tilemoe's rendezvous (no MPI needed)

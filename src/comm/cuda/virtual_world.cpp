@@ -57,15 +57,22 @@ class VirtualRank final : public RankTransport, public HostExchange {
     Published& mine = world.published[static_cast<std::size_t>(rank)];
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&mine.ready, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&mine.done, cudaEventDisableTiming));
-    // a stream of its own for reading failure records: the legacy stream would wait for the
-    // other ranks' kernels, which may be waiting for this rank
-    TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&readback_, cudaStreamNonBlocking));
+    // the rank's streams (RankStream), on its SM partition if it has one; the world makes all
+    // ranks' streams in one batch (its constructor, one thread) so they take distinct queues
+    if (world.partitions) world.partitions->enter(rank);
+    int lowest = 0, highest = 0;
+    TILEMOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[0], cudaStreamNonBlocking));
+    TILEMOE_CUDA_CHECK(cudaStreamCreateWithPriority(&streams_[1], cudaStreamNonBlocking, highest));
+    TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[2], cudaStreamNonBlocking));
   }
   ~VirtualRank() override {
     Published& mine = world_.published[static_cast<std::size_t>(rank_)];
     cudaEventDestroy(mine.ready);
     cudaEventDestroy(mine.done);
-    cudaStreamDestroy(readback_);
+    for (cudaStream_t s : streams_) {
+      if (s) cudaStreamDestroy(s);
+    }
   }
 
   int rank() const override { return rank_; }
@@ -83,6 +90,7 @@ class VirtualRank final : public RankTransport, public HostExchange {
       TILEMOE_CUDA_CHECK(cudaSetDevice(world_.device));
     }
   }
+  cudaStream_t stream(RankStream which) const override { return streams_[static_cast<int>(which)]; }
   const DeviceTransport& device_view() const override { return view_; }
   HostExchange& host_exchange() override { return *this; }
 
@@ -99,12 +107,14 @@ class VirtualRank final : public RankTransport, public HostExchange {
   void throw_if_failed() const override {
     std::vector<comm::WaitFailure> records(static_cast<std::size_t>(world_.ranks));
     // one copy per rank: a 2D copy with the region as pitch would exceed the maximum pitch
-    // (2 GiB) at large layers
+    // (2 GiB) at large layers. On the set-up stream: the legacy stream would wait for the
+    // other ranks' kernels, which may be waiting for this rank
+    cudaStream_t readback = stream(RankStream::Setup);
     for (int p = 0; p < world_.ranks; ++p) {
       TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&records[static_cast<std::size_t>(p)], view_.region[p] + kFailureRecordOffset,
-                                         sizeof(comm::WaitFailure), cudaMemcpyDeviceToHost, readback_));
+                                         sizeof(comm::WaitFailure), cudaMemcpyDeviceToHost, readback));
     }
-    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(readback_));
+    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(readback));
     comm::throw_if_failed(records);
   }
 
@@ -176,7 +186,7 @@ class VirtualRank final : public RankTransport, public HostExchange {
   SharedWorld& world_;
   int rank_;
   DeviceTransport view_;
-  cudaStream_t readback_ = nullptr;
+  cudaStream_t streams_[3] = {};  // by RankStream
 };
 
 }  // namespace
@@ -214,7 +224,14 @@ VirtualWorld::VirtualWorld(int ranks, std::size_t region_bytes, int device, Virt
   try {
     TILEMOE_CUDA_CHECK(cudaMemset(m.base, 0, total));  // flags start at 0, failure records clear
     TILEMOE_CUDA_CHECK(cudaDeviceSynchronize());
-    for (int r = 0; r < ranks; ++r) m.handles.push_back(std::make_unique<VirtualRank>(m, r));
+    {
+      // the ranks' streams in one batch: no other thread of this process may make streams
+      // between them (RankStream says why)
+      static std::mutex stream_batches;
+      std::lock_guard batch(stream_batches);
+      for (int r = 0; r < ranks; ++r) m.handles.push_back(std::make_unique<VirtualRank>(m, r));
+    }
+    TILEMOE_CUDA_CHECK(cudaSetDevice(device));  // out of the last rank's partition
   } catch (...) {
     m.handles.clear();
     cudaFree(m.base);

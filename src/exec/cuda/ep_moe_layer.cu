@@ -65,7 +65,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   EpMoeLayerOptions options;
   int world = 1, rank = 0, local_experts = 0, device = 0, ctas_per_peer = 1;
   EpRegionLayout layout;
-  cudaStream_t own = nullptr;  // non-blocking: set-up and read-backs that must not wait for the peers' kernels
+  cudaStream_t own = nullptr;  // the world's set-up stream: set-up and read-backs that must not wait for the peers' kernels
   bool failed = false;
   bool remote_peers = false;  // GIN peers: the rows sent live in the region (puts read the window)
 
@@ -113,8 +113,6 @@ struct EpMoeLayer::Impl : LayerRouting {
   std::vector<std::size_t> send_offset, send_bytes, recv_offset, recv_bytes;  // host path, this step
 
   ~Impl() {
-    if (own) cudaStreamDestroy(own);
-    if (consumer) cudaStreamDestroy(consumer);
     if (fork) cudaEventDestroy(fork);
     if (join) cudaEventDestroy(join);
   }
@@ -172,7 +170,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
   if (fit < 1) throw_bad_input("the exchange kernels of " + std::to_string(sharing) + " x " + std::to_string(world) + " ranks do not fit on one GPU");
 
-  TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking));
+  own = t.stream(RankStream::Setup);
   const std::int64_t E = c.num_experts, H = c.hidden;
   const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
   const std::size_t slot_room = std::max<std::size_t>(slots, 1);
@@ -263,9 +261,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     bands = DeviceArray<TileBand>(static_cast<std::size_t>(band_room));
     band_count = DeviceArray<int>(1);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
-    int lowest = 0, highest = 0;
-    TILEMOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-    TILEMOE_CUDA_CHECK(cudaStreamCreateWithPriority(&consumer, cudaStreamNonBlocking, highest));
+    consumer = t.stream(RankStream::Consumer);  // high priority
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   }
@@ -496,14 +492,12 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
   if (capture != cudaStreamCaptureStatusNone && m.options.dispatch == DispatchPath::Host) {
     throw_bad_input("the host dispatch path synchronises with the host and cannot be captured in a CUDA graph");
   }
-  // (a capturing stream cannot be asked for its flags; it was asked when it ran eagerly)
-  if (m.transport->ranks_per_device() > 1 && capture == cudaStreamCaptureStatusNone) {
-    unsigned flags = 0;
-    if (stream == nullptr || stream == cudaStreamPerThread || cudaStreamGetFlags(stream, &flags) != cudaSuccess ||
-        (flags & cudaStreamNonBlocking) == 0) {
-      throw_bad_input("ranks sharing a GPU need non-blocking streams (cudaStreamCreateWithFlags(..., cudaStreamNonBlocking))");
-    }
+  // ranks sharing a GPU run on their world's streams only (RankStream says why)
+  if (m.transport->ranks_per_device() > 1 && stream != m.transport->stream(RankStream::Main)) {
+    throw_bad_input("ranks sharing a GPU run their steps on the world's stream: pass RankTransport::stream(RankStream::Main) "
+                    "(another stream can share a hardware queue with a peer's waiting kernel and stall both)");
   }
+
   const int T = static_cast<int>(tokens), k = static_cast<int>(c.top_k);
   const int H = static_cast<int>(c.hidden), slots = T * k;
   auto mark = [&](int stage) {
