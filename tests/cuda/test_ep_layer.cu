@@ -128,14 +128,21 @@ void eager_and_replayed(cuda::EpMoeLayer& layer, cuda::RankTransport& transport,
     throw;
   }
   TILEMOE_CUDA_CHECK(cudaStreamEndCapture(b.stream, &graph));
+  // every rank's graph is instantiated and uploaded before any rank launches one: instantiation
+  // and the first launch's upload may synchronise the device, which would wait for a peer's
+  // launched graph waiting for this rank (measured: the 8-rank top-8 case's tile_signal replay
+  // timed out in two runs of two, the last rank to instantiate never dispatching)
   TILEMOE_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  TILEMOE_CUDA_CHECK(cudaGraphUpload(exec, b.stream));
   b.poison();
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(b.stream));
+  transport.host_barrier();
   TILEMOE_CUDA_CHECK(cudaGraphLaunch(exec, b.stream));
   layer.check(b.stream);
   replayed = b.read(T, hidden);
+  transport.host_barrier();  // the destroys may free device memory: only after every rank's replay
   TILEMOE_CUDA_CHECK(cudaGraphExecDestroy(exec));
   TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
-  transport.host_barrier();
 }
 
 // The outputs against the CPU executor and fp64 (or, too large for the CPU, finite everywhere).

@@ -108,8 +108,11 @@ class EpMoeLayer {
   // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32, output [tokens, hidden]
   // bf16, device pointers 16-byte aligned. With ranks sharing a GPU (virtual ranks) the stream
   // must be the world's transport.stream(RankStream::Main): other streams can share a hardware
-  // queue with a peer's waiting kernel (rank_transport.hpp). After a failed step (see check)
-  // the layer refuses further forwards.
+  // queue with a peer's waiting kernel (rank_transport.hpp). A captured forward of such ranks:
+  // instantiate and upload (cudaGraphUpload) every rank's graph before any rank launches one,
+  // and destroy them after every rank's replay (both may synchronise the device, which would
+  // wait for a peer's graph waiting for this rank). After a failed step (see check) the layer
+  // refuses further forwards.
   void forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits, __nv_bfloat16* output,
                std::int64_t tokens, const EpStageEvents* events = nullptr);
 
