@@ -299,7 +299,9 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
   l.dispatch_arrivals = at;
   at = align_up(at + static_cast<std::size_t>(world) * 8, 128);
   l.combine_arrivals = at;
-  at = align_up(at + static_cast<std::size_t>(world) * 8, 4096);
+  at = align_up(at + static_cast<std::size_t>(world) * 8, 128);
+  l.row_arrivals = at;  // before dispatch_rows: a new layer zeroes it with the flags
+  at = align_up(at + static_cast<std::size_t>(max_tokens * top_k) * 8, 4096);
   l.receive_capacity = world * max_tokens * std::min<std::int64_t>(top_k, experts / world);
   if (receive_rows < 0) throw_bad_input("a receive capacity must not be negative (0 = the dropless worst case)");
   if (receive_rows > 0) l.receive_capacity = std::min(l.receive_capacity, receive_rows);

@@ -16,6 +16,9 @@
 //     the row's position in the source's own permuted order, adds 1 per CTA to
 //     combine_arrivals[owner] at the source, and waits for all its own rows to return.
 //  4. the ordinary combine (top-k slot order) reads returned_rows as the one-GPU layer reads y.
+// The tile-signal overlap replaces 3 and 4 (tile_signal.hpp): its consumer ships rows during
+// GEMM1 and raises each row's row_arrivals; the owner combines each token once its rows are in.
+// Everything before dispatch_rows is zeroed when a layer starts on the region.
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -30,6 +33,8 @@ struct EpRegionLayout {
   std::size_t counts_flag = 0;        // [world] u64, raised to the epoch by rank q
   std::size_t dispatch_arrivals = 0;  // [world] u64, + ctas_per_peer per step from rank q
   std::size_t combine_arrivals = 0;   // [world] u64, + ctas_per_peer per step from rank q
+  std::size_t row_arrivals = 0;       // [max_tokens * top_k] u64: tile_signal raises returned row i's to the epoch
+                                      // once it landed (the owner combines a token when its k rows are in)
   std::size_t dispatch_rows = 0;      // [receive_capacity][hidden] bf16
   std::size_t returned_rows = 0;      // [max_tokens * top_k][hidden] bf16
   // Only in worlds with GIN peers, whose puts read from the window: the counts, permuted rows

@@ -88,6 +88,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   DeviceArray<GemmTileEntry> table_scratch;
   cudaStream_t consumer = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
+  int combine_ctas = 0;  // the owner's token-by-token combine: a persistent grid whose CTAs may all wait
   int consumer_ctas = 0, band_block = 0;
   std::string split_note;  // how the split was chosen, for description()
   // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
@@ -262,6 +263,10 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     band_count = DeviceArray<int>(1);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
     consumer = t.stream(RankStream::Consumer);  // high priority
+    // ranks sharing SMs: the grid of the combine send it replaces, which fits beside every
+    // sharing rank's waiting exchange kernels; otherwise the rank's SMs full (the combine is
+    // memory-bound, and its waits are for consumers already resident)
+    combine_ctas = sharing > 1 ? ctas_per_peer * world : arrival_combine_ctas_per_sm() * t.sm_count();
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   }
@@ -369,7 +374,8 @@ std::string EpMoeLayer::description() const {
   if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
   if (m.options.strategy == EpStrategy::TileSignal) {
     text += ", consumer " + std::to_string(m.consumer_ctas) + " CTAs x " + std::to_string(m.options.bands_per_segment) +
-            " band(s), GEMM1 in blocks of " + std::to_string(m.band_block) + " bands";
+            " band(s), GEMM1 in blocks of " + std::to_string(m.band_block) + " bands, tokens combined as they land (" +
+            std::to_string(m.combine_ctas) + " CTAs)";
   }
   if (!m.split_note.empty()) text += " (" + m.split_note + ")";
   return text + ", " + (m.ffn ? m.ffn->description() : std::string("identity experts"));
@@ -557,16 +563,34 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
     mark(kEpCombineSend);
-    if (overlap) {
-      TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));  // the rows the consumer shipped, from every rank
-    } else if (m.options.dispatch == DispatchPath::Device) {
-      launch_ep_combine_send(stream, view, args);
+    if (overlap) {  // the consumers ship the rows; each token is combined once its rows are in
+      mark(kEpCombine);
+      ArrivalCombineArgs combine;
+      combine.epoch = m.epoch.data();
+      combine.returned_rows = m.layout.returned_rows;
+      combine.row_arrivals = m.layout.row_arrivals;
+      combine.expert = m.expert.data();
+      combine.weight = m.weight.data();
+      combine.row_of_slot = m.row_of_slot.data();
+      combine.tokens = T;
+      combine.top_k = k;
+      combine.hidden = H;
+      combine.local_experts = m.local_experts;
+      combine.ctas = m.combine_ctas;
+      combine.output = output;
+      launch_arrival_combine(stream, view, combine);
+      // the step ends with its consumer: the next step's GEMM1 resets the flags it reads
+      TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
     } else {
-      m.host_combine_send(stream);
+      if (m.options.dispatch == DispatchPath::Device) {
+        launch_ep_combine_send(stream, view, args);
+      } else {
+        m.host_combine_send(stream);
+      }
+      mark(kEpCombine);
+      launch_combine(stream, reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows)), m.weight.data(),
+                     m.row_of_slot.data(), T, k, H, output);
     }
-    mark(kEpCombine);
-    launch_combine(stream, reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows)), m.weight.data(),
-                   m.row_of_slot.data(), T, k, H, output);
     mark(kEpStageCount);
   } catch (...) {
     m.failed = true;

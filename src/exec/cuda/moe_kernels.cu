@@ -2,6 +2,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
 
+#include "combine_vector.cuh"
 #include "cuda_check.hpp"
 #include "tilemoe/error.hpp"
 #include "moe_kernels.hpp"
@@ -168,21 +169,8 @@ __global__ void combine_kernel(const __nv_bfloat16* __restrict__ y, const float*
   if (token >= tokens) return;
   const int vectors = hidden / 8;
   for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int j = 0; j < top_k; ++j) {
-      const int slot = token * top_k + j;
-      const float w = weight[slot];
-      const uint4 packed = reinterpret_cast<const uint4*>(y + static_cast<std::size_t>(row_of_slot[slot]) * hidden)[v];
-      const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
-      for (int q = 0; q < 4; ++q) {
-        acc[2 * q] = __fadd_rn(acc[2 * q], __fmul_rn(w, __bfloat162float(pairs[q].x)));
-        acc[2 * q + 1] = __fadd_rn(acc[2 * q + 1], __fmul_rn(w, __bfloat162float(pairs[q].y)));
-      }
-    }
-    uint4 result;
-    __nv_bfloat162* r = reinterpret_cast<__nv_bfloat162*>(&result);
-    for (int q = 0; q < 4; ++q) r[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-    reinterpret_cast<uint4*>(out + static_cast<std::size_t>(token) * hidden)[v] = result;
+    reinterpret_cast<uint4*>(out + static_cast<std::size_t>(token) * hidden)[v] =
+        combine_vector(y, weight, row_of_slot, token, top_k, hidden, v);
   }
 }
 

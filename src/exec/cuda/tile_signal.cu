@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "comm/cuda/device_sync.cuh"
+#include "combine_vector.cuh"
 #include "cuda_check.hpp"
 #include "exchange_device.cuh"
 #include "tilemoe/error.hpp"
@@ -15,6 +16,7 @@ constexpr int kOrderThreads = 1024;
 constexpr int kConsumerThreads = 512;
 constexpr int kMaxGroups = 1024;
 constexpr int kMaxBandsPerSegment = 32;
+constexpr int kArrivalCombineThreads = 256;
 
 // Stable partition of `n` items by `is_remote(i)` with one CTA: `place(i, position)` gets each
 // item's place, remote ones first. Two passes over chunks of the CTA's width with a block scan.
@@ -139,9 +141,17 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
     // the segment's rows, a warp per row, each to its source at its place in the source's order;
     // with link emulation every warp paces its remote rows to its share of the rank's link
     // (all consumer warps together, from the segment's start: conservative when few are busy)
+    // after its rows, the warp raises their arrival flags at their sources, up to 32 at once
+    // (a lane per row, each a release after the warp's barrier: one fence for 32 rows)
     const bool paced = t.link_bytes_per_ns > 0.0;
     const std::uint64_t copy_start = paced ? global_timer_ns() : 0;
     double sent = 0;
+    int pending = 0, flag_rank = 0, flag_row = 0;  // pending is the same on all lanes
+    auto raise_pending = [&] {
+      __syncwarp();  // the warp's row stores are ordered before each lane's release
+      if (lane < pending) store_release(region_at<std::uint64_t>(t, flag_rank, x.layout.row_arrivals) + flag_row, epoch);
+      pending = 0;
+    };
     for (int b = 0; b < here; ++b) {
       const TileBand band = s_bands[b];
       for (int r = warp; r < band.rows; r += warps) {
@@ -150,6 +160,11 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
         const int dest = back[band.group * N + q] + (row - block[band.group * N + q]);
         copy_row(region_at<std::byte>(t, q, x.layout.returned_rows) + static_cast<std::size_t>(dest) * row_bytes,
                  x.expert_out + static_cast<std::size_t>(row) * row_bytes, row_bytes, lane);
+        if (lane == pending) {
+          flag_rank = q;
+          flag_row = dest;
+        }
+        if (++pending == 32) raise_pending();
         if (paced && q != me) {
           sent += row_bytes;
           if (lane == 0) pace_link(t, copy_start, sent, 1.0 / (static_cast<double>(gridDim.x) * warps));
@@ -157,19 +172,55 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
         }
       }
     }
+    if (pending > 0) raise_pending();
     __syncthreads();
     if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 2] = global_timer_ns();
   }
-  __syncthreads();  // every row of this CTA is stored before the releases below
-  if (s_ok && tid < N) add_release(region_at<std::uint64_t>(t, tid, x.layout.combine_arrivals) + me, 1);
-  // the combine follows in stream order: CTA 0 ends when every rank's consumer CTAs are done
-  if (blockIdx.x == 0 && tid < N) {
-    wait_at_least(t, region_at<std::uint64_t>(t, me, x.layout.combine_arrivals) + tid, epoch * a.ctas, tid,
-                  comm::WaitSubject::CombineRows, epoch);
+}
+
+// The owner's combine: token after token (a persistent grid, tokens strided over its CTAs),
+// each as soon as its k returned rows have landed, in top-k slot order as the sequential combine.
+__global__ void __launch_bounds__(kArrivalCombineThreads) arrival_combine_kernel(DeviceTransport t, ArrivalCombineArgs a) {
+  const std::uint64_t epoch = *a.epoch;
+  const std::uint64_t* arrivals = region_at<std::uint64_t>(t, t.rank, a.row_arrivals);
+  const auto* rows = region_at<__nv_bfloat16>(t, t.rank, a.returned_rows);
+  const int tid = static_cast<int>(threadIdx.x), k = a.top_k, vectors = a.hidden / 8;
+  __shared__ int s_ok;
+  if (tid == 0) s_ok = !transport_failed(t);
+  __syncthreads();
+  for (int token = static_cast<int>(blockIdx.x); token < a.tokens; token += static_cast<int>(gridDim.x)) {
+    for (int j = tid; j < k; j += kArrivalCombineThreads) {
+      const int slot = token * k + j;
+      const int source = a.expert[slot] / a.local_experts;  // whose consumer ships the row
+      if (s_ok && !wait_at_least(t, arrivals + a.row_of_slot[slot], epoch, source, comm::WaitSubject::CombineRows, epoch)) {
+        s_ok = 0;
+      }
+    }
+    __syncthreads();  // extends the flags' acquire to the CTA
+    const bool ok = s_ok != 0;
+    __syncthreads();  // all have read s_ok before the next token's waits may clear it
+    if (!ok) return;
+    for (int v = tid; v < vectors; v += kArrivalCombineThreads) {
+      reinterpret_cast<uint4*>(a.output + static_cast<std::size_t>(token) * a.hidden)[v] =
+          combine_vector(rows, a.weight, a.row_of_slot, token, k, a.hidden, v);
+    }
   }
 }
 
 }  // namespace
+
+int arrival_combine_ctas_per_sm() {
+  int blocks = 0;
+  TILEMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, arrival_combine_kernel, kArrivalCombineThreads, 0));
+  return blocks;
+}
+
+void launch_arrival_combine(cudaStream_t stream, const DeviceTransport& t, const ArrivalCombineArgs& a) {
+  if (a.tokens == 0) return;
+  if (a.ctas < 1 || a.local_experts < 1 || a.top_k < 1 || a.hidden % 8 != 0) throw_internal("tile signal: bad combine arguments");
+  arrival_combine_kernel<<<a.ctas, kArrivalCombineThreads, 0, stream>>>(t, a);
+  TILEMOE_CUDA_CHECK_LAUNCH("tile signal combine");
+}
 
 std::int64_t max_bands(std::int64_t rows, int groups) { return rows / kPlannedTileM + groups + 1; }
 

@@ -8,10 +8,14 @@
 //  - consumer: a persistent kernel on `ctas` CTAs (its own stream) that takes segments of
 //    `bands_per_segment` bands in the same remote-first order, waits for their flags, and
 //    stores their rows into each row's source rank's returned_rows, exactly where the
-//    sequential combine send puts them; after its last segment a CTA adds 1 to its
-//    combine-arrival counter at every rank, and CTA 0 waits for every rank's CTAs.
+//    sequential combine send puts them; after each segment a warp raises the row-arrival
+//    flag of every row it stored (EpRegionLayout::row_arrivals, at the row's source);
+//  - combine: the owner's combine, launched right after its GEMM1, combines each of its tokens
+//    as soon as the token's k rows have landed (their arrival flags at the step's epoch), on a
+//    persistent grid that never waits for the whole exchange.
 // The rows, the GEMM configuration and the destinations are those of the sequential step, so
 // the combine input, and with it the output, is bitwise the same.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -78,5 +82,22 @@ struct TileSignalArgs {
 
 // The consumer; the epoch is the step's (ep begin step ran before, in stream order).
 void launch_tile_signal_consumer(cudaStream_t stream, const DeviceTransport& transport, const TileSignalArgs& args);
+
+struct ArrivalCombineArgs {
+  const std::uint64_t* epoch = nullptr;  // this step's (device)
+  std::size_t returned_rows = 0;         // region offsets (EpRegionLayout)
+  std::size_t row_arrivals = 0;
+  const std::int32_t* expert = nullptr;  // [tokens * top_k] the router's choices (a row's source rank)
+  const float* weight = nullptr;         // [tokens * top_k]
+  const int* row_of_slot = nullptr;      // [tokens * top_k] where each slot's row returns
+  int tokens = 0, top_k = 0, hidden = 0, local_experts = 1;
+  int ctas = 1;                          // the persistent grid: all of them may wait at once
+  __nv_bfloat16* output = nullptr;       // [tokens][hidden]
+};
+
+// The owner's combine, token by token as rows land; bitwise the sequential combine's output.
+void launch_arrival_combine(cudaStream_t stream, const DeviceTransport& transport, const ArrivalCombineArgs& args);
+// Its resident CTAs per SM, for sizing a grid that fits beside the other ranks' waiting kernels.
+int arrival_combine_ctas_per_sm();
 
 }  // namespace tilemoe::cuda
