@@ -194,9 +194,9 @@ int main(int argc, char** argv) {
           std::vector<std::uint16_t> sequential_output;
           double sequential_ms = 0;
           for (const Variant& v : variants) {
-            // the layer gives its consumer at most half of the rank's SMs: larger c of the sweep
-            // (made for a whole 132-SM GPU) do not apply to a partition
-            if (v.consumer_ctas > sms_per_rank / 2) continue;
+            // a rank on its own partition keeps at least one GEMM1 cluster (2 SMs): larger c of
+            // the sweep (made for a whole 132-SM GPU) do not apply to a partition
+            if (v.consumer_ctas > sms_per_rank - 2) continue;
             cuda::EpMoeLayerOptions options;
             options.strategy = v.strategy;
             options.consumer_ctas = v.consumer_ctas;

@@ -59,6 +59,7 @@ for step in "${steps[@]}"; do
     ep) run_step ep "$bin/test_ep_layer" --no-tile-signal
       run_step ep-tile-signal "$bin/test_ep_layer" ;;
     ep-tile-signal) run_step ep-tile-signal "$bin/test_ep_layer" ;;
+    ep-small) run_step ep-small "$bin/test_ep_layer" --small ;;  # up to 4 ranks, small shapes, bad input
     ep-racecheck) run_step ep-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 60 ;;
     ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 30 ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;

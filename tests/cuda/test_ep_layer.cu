@@ -377,6 +377,17 @@ void bad_input_is_refused() {
   expect(refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, vw.rank(0), greedy); }, "do not fit"),
          "exchange CTAs that cannot all be resident are refused");
   expect(refused([] { cuda::VirtualWorld w(17, 1 << 20); }, "1 to 16"), "more than 16 virtual ranks are refused");
+  // tile_signal consumers of ranks sharing the SMs: together at most half of them (checked
+  // after the ranks agree on their settings, so on every rank)
+  std::vector<int> crowded_refused(2, 0);
+  cuda::EpMoeLayerOptions crowded;
+  crowded.strategy = cuda::EpStrategy::TileSignal;
+  crowded.consumer_ctas = 80;
+  on_every_rank(2, [&](int r) {
+    crowded_refused[static_cast<std::size_t>(r)] =
+        refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, vw.rank(r), crowded); }, "more than half");
+  });
+  expect(crowded_refused[0] && crowded_refused[1], "consumer CTAs of ranks sharing SMs beyond half of them are refused on every rank");
   // a stream of the rank's own making, not the world's (it could share a hardware queue with a
   // peer's waiting kernel): refused before anything is enqueued
   bool stream_refused = false;

@@ -243,10 +243,15 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
                       "segment 1..32");
     }
     consumer_ctas = options.consumer_ctas;
-    // a consumer CTA keeps GEMM1 off its SM: every sharing rank's consumers together get at
-    // most half of the SMs, and GEMM1 runs on the rest
+    // a consumer CTA keeps GEMM1 off its SM. A rank with SMs of its own leaves GEMM1 one
+    // cluster at least (2 SMs); ranks sharing SMs give all their consumers together at most
+    // half of them (beside them wait the peers' exchange kernels), and GEMM1 runs on the rest
     if (remote_peers) throw_bad_input("tile_signal does not reach GIN peers (other nodes) yet: use the sequential strategy");
-    if (consumer_ctas * sharing > t.sm_count() / 2 || consumer_ctas * sharing > resident / 2) {
+    if (sharing == 1 && consumer_ctas > t.sm_count() - 2) {
+      throw_bad_input(std::to_string(consumer_ctas) + " consumer CTAs leave GEMM1 less than one 2-SM cluster of the " +
+                      std::to_string(t.sm_count()) + " SMs");
+    }
+    if (sharing > 1 && (consumer_ctas * sharing > t.sm_count() / 2 || consumer_ctas * sharing > resident / 2)) {
       throw_bad_input(std::to_string(consumer_ctas) + " consumer CTAs x " + std::to_string(sharing) +
                       " rank(s) sharing these SMs would take more than half of the " + std::to_string(t.sm_count()) +
                       " SMs from GEMM1");
@@ -374,7 +379,10 @@ std::string EpMoeLayer::description() const {
   if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
   if (m.options.strategy == EpStrategy::TileSignal) {
     text += ", consumer " + std::to_string(m.consumer_ctas) + " CTAs x " + std::to_string(m.options.bands_per_segment) +
-            " band(s), GEMM1 in blocks of " + std::to_string(m.band_block) + " bands, tokens combined as they land (" +
+            " band(s), GEMM1 " +
+            (static_cast<std::size_t>(m.band_block) >= m.bands.count() ? std::string("in the sequential tile order")
+                                             : "in blocks of " + std::to_string(m.band_block) + " bands") +
+            ", tokens combined as they land (" +
             std::to_string(m.combine_ctas) + " CTAs)";
   }
   if (!m.split_note.empty()) text += " (" + m.split_note + ")";
