@@ -5,6 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "tilemoe/error.hpp"
 #include "tilemoe/sm_split.hpp"
@@ -135,6 +138,37 @@ TEST(SmSplit, RatesCacheRoundTripsAndIgnoresBrokenFiles) {
   EXPECT_FALSE(load_rates(path, "test GPU, 132 SMs").has_value());
   save_rates(path, h200_like());  // a broken cache is replaced
   EXPECT_TRUE(load_rates(path, "test GPU, 132 SMs").has_value());
+  std::filesystem::remove_all(dir);
+}
+
+// The processes of a world (and threads of virtual ranks) calibrate and save at once: every
+// save succeeds, the file is whole after each, and nothing is left behind.
+TEST(SmSplit, ConcurrentSavesLeaveAWholeCache) {
+  const auto dir = std::filesystem::temp_directory_path() / "tilemoe_sm_split_concurrent";
+  std::filesystem::remove_all(dir);
+  const std::string path = (dir / "gpu_rates.json").string();
+  constexpr int kWriters = 8, kSaves = 40;
+  std::vector<std::string> errors(kWriters);
+  std::vector<std::thread> writers;
+  for (int w = 0; w < kWriters; ++w) {
+    writers.emplace_back([&, w] {
+      GpuRates mine = h200_like();
+      mine.gpu = "GPU " + std::to_string(w);
+      try {
+        for (int i = 0; i < kSaves; ++i) save_rates(path, mine);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(w)] = e.what();
+      }
+    });
+  }
+  for (auto& t : writers) t.join();
+  for (int w = 0; w < kWriters; ++w) EXPECT_EQ(errors[static_cast<std::size_t>(w)], "") << "writer " << w;
+  int found = 0;
+  for (int w = 0; w < kWriters; ++w) found += load_rates(path, "GPU " + std::to_string(w)).has_value() ? 1 : 0;
+  EXPECT_GE(found, 1);  // a whole file (writers racing on read-modify-write may drop each other's entry)
+  int files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) files += entry.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 1) << "temporaries left behind";
   std::filesystem::remove_all(dir);
 }
 

@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <thread>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "tilemoe/error.hpp"
@@ -115,7 +118,10 @@ void save_rates(const std::string& path, const GpuRates& rates) {
                             {"copy_bytes_per_cta", rates.copy_bytes_per_cta}};
   std::error_code error;
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), error);
-  const std::string temporary = path + ".tmp";
+  // a temporary of this process and thread: the processes of a world calibrate and save at
+  // once, and a shared temporary would be truncated under another writer or renamed away
+  const std::string temporary = path + ".tmp." + std::to_string(getpid()) + "." +
+                                std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   {
     std::ofstream out(temporary, std::ios::trunc);
     if (!out) throw_bad_input("cannot write the GPU rates cache '" + path + "' (set TILEMOE_CACHE_DIR to a writable folder)");
