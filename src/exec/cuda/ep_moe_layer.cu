@@ -378,12 +378,11 @@ std::string EpMoeLayer::description() const {
   std::string text = std::string(ep_strategy_name(m.options.strategy)) + ", " + dispatch_path_name(m.options.dispatch) + " dispatch";
   if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
   if (m.options.strategy == EpStrategy::TileSignal) {
+    const bool unblocked = static_cast<std::size_t>(m.band_block) >= m.bands.count();  // no expert has that many bands
     text += ", consumer " + std::to_string(m.consumer_ctas) + " CTAs x " + std::to_string(m.options.bands_per_segment) +
             " band(s), GEMM1 " +
-            (static_cast<std::size_t>(m.band_block) >= m.bands.count() ? std::string("in the sequential tile order")
-                                             : "in blocks of " + std::to_string(m.band_block) + " bands") +
-            ", tokens combined as they land (" +
-            std::to_string(m.combine_ctas) + " CTAs)";
+            (unblocked ? std::string("in the sequential tile order") : "in blocks of " + std::to_string(m.band_block) + " bands") +
+            ", tokens combined as they land (" + std::to_string(m.combine_ctas) + " CTAs)";
   }
   if (!m.split_note.empty()) text += " (" + m.split_note + ")";
   return text + ", " + (m.ffn ? m.ffn->description() : std::string("identity experts"));
