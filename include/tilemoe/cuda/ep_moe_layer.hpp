@@ -35,7 +35,8 @@ const char* dispatch_path_name(DispatchPath path);
 //  Sequential: the combine send starts when GEMM1 has finished.
 //  TileSignal: GEMM1 raises a flag per row band, bands holding other ranks' rows first, and a
 //              consumer kernel on its own CTAs ships each band as soon as it is ready (ICPP
-//              2026). Same rows, same GEMM, same destinations: bitwise the sequential output.
+//              2026); the owner combines each token as soon as its k rows have landed. Same
+//              rows, same GEMM, same destinations, same sums: bitwise the sequential output.
 //  Auto:       TileSignal with the consumer CTAs of the SM split's cost model
 //              (include/tilemoe/sm_split.hpp, rates calibrated once per GPU and cached) where
 //              the model sees it win for the layer's shape, else Sequential.
