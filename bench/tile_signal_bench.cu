@@ -7,21 +7,29 @@
 // pick marked. Per configuration: median over runs of the slowest rank's forward time (CUDA
 // events), the speedup over sequential, the share of remote rows shipped while GEMM1 ran
 // (from a traced run), and a bitwise check of tile_signal against sequential.
+// `--transport nccl`: the same with real ranks, one process per GPU (start it with tilemoe
+// launch -n N, mpirun -np N or srun; rank 0 prints and writes the JSON), each rank on its whole
+// GPU and the real links, no emulation.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
+#include "launch/launch_env.hpp"
+#include "launch/rendezvous.hpp"
 #include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
+#include "tilemoe/cuda/nccl_world.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
+#include "tilemoe/error.hpp"
 #include "tilemoe/median.hpp"
 #include "tilemoe/trace.hpp"
 
@@ -138,27 +146,88 @@ void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cud
   cudaEventDestroy(end);
 }
 
+// One variant's world-wide outcome: per run the slowest rank's forward, whether every rank's
+// output equals its own sequential output, and the overlap figures (the mean share hidden over
+// the ranks, the worst rank's times: device clocks are compared within a rank only).
+struct Outcome {
+  std::vector<double> step_ms;
+  bool bitwise = true;
+  double hidden = 0;
+  OverlapTimes times;
+  bool overlapped = false;
+  int consumer_ctas = 0;
+  std::string how;
+  std::vector<DeviceSpan> spans;  // for the trace file: this process's ranks
+};
+
+// A rank's part of the outcome, as doubles to gather across processes.
+std::vector<std::byte> pack_rank(const RankRun& run, bool bitwise, int world) {
+  const OverlapTimes t = overlap_times(run.spans, world);
+  std::vector<double> v = {bitwise ? 1.0 : 0.0, hidden_share(run.spans, "GEMM1 tiles", "consumer"),
+                           t.gemm1_us, t.late_lane_us, t.first_ready_us, t.tail_us,
+                           run.overlapped ? 1.0 : 0.0, static_cast<double>(run.consumer_ctas)};
+  v.insert(v.end(), run.ms.begin(), run.ms.end());
+  std::vector<std::byte> bytes(v.size() * sizeof(double));
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  return bytes;
+}
+
+Outcome combine_ranks(const std::vector<std::vector<std::byte>>& gathered, int runs) {
+  Outcome o;
+  o.step_ms.assign(static_cast<std::size_t>(runs), 0.0);
+  for (std::size_t r = 0; r < gathered.size(); ++r) {
+    std::vector<double> v(gathered[r].size() / sizeof(double));
+    std::memcpy(v.data(), gathered[r].data(), v.size() * sizeof(double));
+    if (v.size() != 8 + static_cast<std::size_t>(runs)) throw_internal("tile_signal_bench: a rank's results are malformed");
+    o.bitwise = o.bitwise && v[0] != 0.0;
+    o.hidden += v[1] / static_cast<double>(gathered.size());
+    o.times.gemm1_us = std::max(o.times.gemm1_us, v[2]);
+    o.times.late_lane_us = std::max(o.times.late_lane_us, v[3]);
+    o.times.first_ready_us = std::max(o.times.first_ready_us, v[4]);
+    o.times.tail_us = std::max(o.times.tail_us, v[5]);
+    if (r == 0) {
+      o.overlapped = v[6] != 0.0;
+      o.consumer_ctas = static_cast<int>(v[7]);
+    }
+    for (int i = 0; i < runs; ++i) o.step_ms[static_cast<std::size_t>(i)] = std::max(o.step_ms[static_cast<std::size_t>(i)], v[8 + static_cast<std::size_t>(i)]);
+  }
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   cuda::prepare_cuda_environment();
   std::string json_path, trace_path;
   bool quick = false;
+  bool nccl = false;  // --transport nccl: one process per GPU
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     // --trace PREFIX: per shape, tokens and ranks the first overlapped variant's last step, to
     // PREFIX-<shape>-<tokens>x<ranks>.json
     if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--transport") && i + 1 < argc) nccl = std::strcmp(argv[++i], "nccl") == 0;
   }
-  FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  // real ranks: this process is one of them; the launcher says which
+  const launch::LaunchEnv env = launch::launch_env();
+  std::unique_ptr<launch::Rendezvous> rendezvous;
+  if (nccl) {
+    cuda::NcclWorld::check_environment();
+    rendezvous = std::make_unique<launch::Rendezvous>(env, env.rendezvous, std::chrono::milliseconds(60000));
+  }
+  const bool reporter = !nccl || env.rank == 0;
+  FILE* json = json_path.empty() || !reporter ? nullptr : std::fopen(json_path.c_str(), "w");
+  if (!reporter) std::freopen("/dev/null", "w", stdout);  // rank 0 reports for the world
   int failures = 0;
   try {
+    const int device = nccl ? env.local_rank : 0;
+    TILEMOE_CUDA_CHECK(cudaSetDevice(device));  // real ranks: each on its own GPU
     int sms = 0;
-    TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     const std::vector<Shape> shapes = {{"mixtral-8x7b", 4096, 14336, 8, 2}, {"deepseek-v3", 7168, 2048, 256, 8}};
     const std::vector<int> token_counts = quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384};
-    const std::vector<int> world_sizes = quick ? std::vector<int>{4} : std::vector<int>{4, 8};
+    const std::vector<int> world_sizes = nccl ? std::vector<int>{env.world_size} : quick ? std::vector<int>{4} : std::vector<int>{4, 8};
     // sequential (traced, for GEMM1's own span), auto (the cost model picks the strategy and
     // the split), tile_signal with the model's split, then the sweep
     std::vector<Variant> variants = {{cuda::EpStrategy::Sequential, 0, 1, 0, true},
@@ -183,19 +252,25 @@ int main(int argc, char** argv) {
           config.ffn_hidden = shape.ffn;
           config.num_experts = shape.experts;
           config.top_k = shape.top_k;
-          const int sms_per_rank = (sms / n) / 8 * 8;  // the driver's partition granularity
+          // virtual ranks: each on its partition (the driver's granularity is 8 SMs), its
+          // stores to other ranks paced to NVLink's effective 370 GB/s times its share of the
+          // SMs; real ranks: a whole GPU each, the real links
+          const int sms_per_rank = nccl ? sms : (sms / n) / 8 * 8;
           cuda::VirtualWorldOptions world_options;
           world_options.sms_per_rank = sms_per_rank;
           world_options.link_gbps = 370.0 * sms_per_rank / 132.0;
           world_options.timeout = std::chrono::milliseconds(30000);
+          const std::string where_run =
+              nccl ? "whole GPU per rank, real links" : std::to_string(sms_per_rank) + " SMs/rank, link " +
+                                                            std::to_string(static_cast<int>(world_options.link_gbps + 0.5)) + " GB/s";
           // balanced routing sends about tokens x top_k rows to each rank: room for 1.5x that
           const std::int64_t receive_rows = static_cast<std::int64_t>(1.5 * tokens * shape.top_k);
           bool traced = false;
-          std::vector<std::uint16_t> sequential_output;
+          std::vector<std::vector<std::uint16_t>> sequential_output(static_cast<std::size_t>(n));  // per rank of this process
           double sequential_ms = 0;
           for (const Variant& v : variants) {
-            // a rank on its own partition keeps at least one GEMM1 cluster (2 SMs): larger c of
-            // the sweep (made for a whole 132-SM GPU) do not apply to a partition
+            // a rank keeps at least one GEMM1 cluster (2 SMs): larger c of the sweep (made for
+            // a whole 132-SM GPU) do not apply to a partition
             if (v.consumer_ctas > sms_per_rank - 2) continue;
             cuda::EpMoeLayerOptions options;
             options.strategy = v.strategy;
@@ -204,83 +279,103 @@ int main(int argc, char** argv) {
             options.band_block = v.band_block;
             options.receive_rows = receive_rows;
             options.record_trace = true;  // every variant's last step: GEMM1's span next to the consumer's
-            cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n, options), 0, world_options);
-            std::vector<RankRun> ranks(static_cast<std::size_t>(n));
-            std::vector<std::string> errors(static_cast<std::size_t>(n));
-            std::vector<std::thread> threads;
-            for (int r = 0; r < n; ++r) {
-              threads.emplace_back([&, r] {
-                try {
-                  run_rank(world.rank(r), config, options, runs, 1234, ranks[static_cast<std::size_t>(r)]);
-                } catch (const std::exception& e) {
-                  errors[static_cast<std::size_t>(r)] = e.what();
-                }
-              });
-            }
-            for (auto& t : threads) t.join();
-            bool failed = false;
-            for (int r = 0; r < n; ++r) {
-              if (errors[static_cast<std::size_t>(r)].empty()) continue;
-              std::printf("FAIL %s %d x %d rank %d: %s\n", shape.name, n, tokens, r, errors[static_cast<std::size_t>(r)].c_str());
-              failed = true;
-            }
-            if (failed) {
-              ++failures;
-              continue;
-            }
-            std::vector<double> step_ms;
-            for (int run = 0; run < runs; ++run) {
-              double slowest = 0;
-              for (const RankRun& rr : ranks) slowest = std::max(slowest, rr.ms[static_cast<std::size_t>(run)]);
-              step_ms.push_back(slowest);
-            }
-            Result res;
-            res.ms = median(step_ms);
-            res.how = ranks[0].how;
-            std::vector<std::uint16_t> all;
-            std::vector<DeviceSpan> spans;
-            for (const RankRun& rr : ranks) {
-              all.insert(all.end(), rr.output.begin(), rr.output.end());
-              spans.insert(spans.end(), rr.spans.begin(), rr.spans.end());
+            const std::size_t region = cuda::EpMoeLayer::region_bytes(config, n, options);
+            // each rank's output against its own sequential output (kept by the rank's process)
+            auto judge = [&](int r, const RankRun& run) {
+              auto& seq = sequential_output[static_cast<std::size_t>(r)];
+              if (v.strategy == cuda::EpStrategy::Sequential) {
+                seq = run.output;
+                return true;
+              }
+              return run.output == seq;
+            };
+            Outcome res;
+            if (nccl) {
+              // this process's rank; a failure ends the process, and the peers' bounded waits name it
+              cuda::NcclWorld world(*rendezvous, region, device, {std::chrono::milliseconds(60000)});
+              RankRun mine;
+              run_rank(world.transport(), config, options, runs, 1234, mine);
+              const bool same = judge(env.rank, mine);
+              res = combine_ranks(rendezvous->all_gather(pack_rank(mine, same, n)), runs);
+              res.how = mine.how;
+              res.spans = std::move(mine.spans);
+            } else {
+              cuda::VirtualWorld world(n, region, 0, world_options);
+              std::vector<RankRun> ranks(static_cast<std::size_t>(n));
+              std::vector<std::string> errors(static_cast<std::size_t>(n));
+              std::vector<std::thread> threads;
+              for (int r = 0; r < n; ++r) {
+                threads.emplace_back([&, r] {
+                  try {
+                    run_rank(world.rank(r), config, options, runs, 1234, ranks[static_cast<std::size_t>(r)]);
+                  } catch (const std::exception& e) {
+                    errors[static_cast<std::size_t>(r)] = e.what();
+                  }
+                });
+              }
+              for (auto& t : threads) t.join();
+              bool failed = false;
+              for (int r = 0; r < n; ++r) {
+                if (errors[static_cast<std::size_t>(r)].empty()) continue;
+                std::printf("FAIL %s %d x %d rank %d: %s\n", shape.name, n, tokens, r, errors[static_cast<std::size_t>(r)].c_str());
+                failed = true;
+              }
+              if (failed) {
+                ++failures;
+                continue;
+              }
+              std::vector<std::vector<std::byte>> packed;
+              std::vector<DeviceSpan> spans;
+              for (int r = 0; r < n; ++r) {
+                const RankRun& run = ranks[static_cast<std::size_t>(r)];
+                packed.push_back(pack_rank(run, judge(r, run), n));
+                spans.insert(spans.end(), run.spans.begin(), run.spans.end());
+              }
+              res = combine_ranks(packed, runs);
+              res.how = ranks[0].how;
+              // one GPU, one clock: the share hidden over all ranks' spans together (as the
+              // earlier tables of BENCHMARKS.md count it)
+              res.hidden = hidden_share(spans, "GEMM1 tiles", "consumer");
+              res.spans = std::move(spans);
             }
             if (v.warmup) continue;
-            const OverlapTimes times = overlap_times(spans, n);
-            const bool overlapped = ranks[0].overlapped;  // auto may have picked sequential
+            const double layer_ms = median(res.step_ms);
+            const bool overlapped = res.overlapped;  // auto may have picked sequential
             if (v.strategy == cuda::EpStrategy::Sequential) {
-              sequential_output = all;
-              sequential_ms = res.ms;
+              sequential_ms = layer_ms;
             } else {
-              res.bitwise = all == sequential_output;
-              res.hidden = overlapped ? hidden_share(spans, "GEMM1 tiles", "consumer") : 0.0;
               if (!res.bitwise) ++failures;
               if (overlapped && !traced && !trace_path.empty()) {
                 const std::string where = std::string(shape.name) + "-" + std::to_string(tokens) + "x" + std::to_string(n);
-                write_device_trace(trace_path + "-" + where + ".json", where + " " + res.how, spans);
+                if (reporter) write_device_trace(trace_path + "-" + where + ".json", where + " " + res.how, res.spans);
                 traced = true;
               }
             }
+            if (!overlapped) res.hidden = 0;
             const std::string variant =
                 v.strategy == cuda::EpStrategy::Sequential ? std::string("sequential")
                 : v.strategy == cuda::EpStrategy::Auto
-                    ? std::string("auto -> ") + (overlapped ? "c=" + std::to_string(ranks[0].consumer_ctas) : "sequential")
+                    ? std::string("auto -> ") + (overlapped ? "c=" + std::to_string(res.consumer_ctas) : "sequential")
                     : (v.consumer_ctas == 0 ? "tile_signal model-c" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
                           " mgb=" + std::to_string(v.mgb) + (v.band_block == kWholeExpert ? " unblocked" : "");
-            std::printf("%-13s %6d %5d %-30s %9.3f %7.2fx %6.0f%% %7s | %8.0f %7.0f %7.0f %7.0f   (%s; %d SMs/rank, link %.0f GB/s)\n",
-                        shape.name, tokens, n, variant.c_str(), res.ms, sequential_ms / res.ms, 100.0 * res.hidden,
+            const OverlapTimes& times = res.times;
+            std::printf("%-13s %6d %5d %-30s %9.3f %7.2fx %6.0f%% %7s | %8.0f %7.0f %7.0f %7.0f   (%s; %s)\n", shape.name, tokens,
+                        n, variant.c_str(), layer_ms, sequential_ms / layer_ms, 100.0 * res.hidden,
                         v.strategy == cuda::EpStrategy::Sequential ? "-" : (res.bitwise ? "yes" : "NO"), times.gemm1_us,
                         times.late_lane_us, overlapped ? times.first_ready_us : 0.0, overlapped ? times.tail_us : 0.0,
-                        res.how.c_str(), sms_per_rank, world_options.link_gbps);
+                        res.how.c_str(), where_run.c_str());
             std::fflush(stdout);
             if (json) {
               std::fprintf(json,
                            "{\"shape\":\"%s\",\"tokens\":%d,\"ranks\":%d,\"variant\":\"%s\",\"auto\":%s,\"consumer_ctas\":%d,"
                            "\"mgb\":%d,\"layer_ms\":%.4f,\"sequential_ms\":%.4f,\"hidden_share\":%.4f,\"bitwise\":%s,"
-                           "\"sms_per_rank\":%d,\"link_gbps\":%.1f,\"how\":\"%s\",\"runs\":%d,\"gemm1_us\":%.1f,"
-                           "\"late_lane_us\":%.1f,\"first_ready_us\":%.1f,\"tail_us\":%.1f}\n",
+                           "\"transport\":\"%s\",\"sms_per_rank\":%d,\"link_gbps\":%.1f,\"how\":\"%s\",\"runs\":%d,"
+                           "\"gemm1_us\":%.1f,\"late_lane_us\":%.1f,\"first_ready_us\":%.1f,\"tail_us\":%.1f}\n",
                            shape.name, tokens, n, variant.c_str(), v.strategy == cuda::EpStrategy::Auto ? "true" : "false",
-                           overlapped ? ranks[0].consumer_ctas : 0, v.mgb, res.ms, sequential_ms, res.hidden,
-                           res.bitwise ? "true" : "false", sms_per_rank, world_options.link_gbps, res.how.c_str(), runs,
-                           times.gemm1_us, times.late_lane_us, times.first_ready_us, times.tail_us);
+                           overlapped ? res.consumer_ctas : 0, v.mgb, layer_ms, sequential_ms, res.hidden,
+                           res.bitwise ? "true" : "false", nccl ? "nccl" : "virtual", sms_per_rank,
+                           nccl ? 0.0 : world_options.link_gbps, res.how.c_str(), runs, times.gemm1_us, times.late_lane_us,
+                           times.first_ready_us, times.tail_us);
               std::fflush(json);
             }
           }

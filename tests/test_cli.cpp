@@ -104,8 +104,12 @@ TEST_F(Cli, BadInputExitsWithTwoAndSaysWhatToChange) {
       {"run --no-such-option", "no-such-option"},
       {"run --inputs " + path("absent.safetensors"), "absent.safetensors"},
       {"frobnicate", "frobnicate"},
+      {"run --silent-rank 1", "options of --backend cuda"},
 #ifndef TILEMOE_WITH_CUDA  // with it, the answer depends on the machine's GPU (the GPU tests cover it)
       {"run --backend cuda --ranks 1", "this build has no CUDA backend"},
+#else  // refused before any GPU is looked for
+      {"run --backend cuda --ranks 2 --experts 4 --silent-rank 2", "names no rank of a world of 2"},
+      {"run --backend cuda --ranks 1 --silent-rank 0", "needs --ranks 2 or more"},
 #endif
   };
   for (const Case& c : cases) {

@@ -45,6 +45,23 @@ expect_refusal() {
   fi
 }
 
+# a fault injection that must end in a timeout naming the stalled rank (exit 1, not a hang)
+expect_timeout() {
+  local name=$1 needle=$2
+  shift 2
+  echo "== $name (must time out): $*" | tee -a "$log"
+  local start=$SECONDS text
+  text=$(timeout 120 "$@" 2>&1)
+  local rc=$?
+  echo "$text" >>"$log"
+  if [ $rc -eq 1 ] && grep -qF -- "$needle" <<<"$text"; then
+    echo "== $name: timed out as expected after $((SECONDS - start)) s" | tee -a "$log"
+  else
+    echo "== $name: FAIL (exit $rc, expected 1 and '$needle')" | tee -a "$log"
+    status=1
+  fi
+}
+
 # NCCL's device API has no stable ABI: the binaries run against the NCCL they were built with
 # (2.28.9, which PyTorch carries here); the distribution's older one is first in ldconfig
 nccl_lib=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)/lib
@@ -81,7 +98,8 @@ for step in "${steps[@]}"; do
     cli-ep)
       run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4
       run_step cli-ep-partitions "$bin/tilemoe" run --backend cuda --ranks 4 --sms-per-rank 32 --link-gbps 50
-      run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host ;;
+      run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host
+      expect_timeout cli-ep-silent "rank 1 stalled" "$bin/tilemoe" run --backend cuda --ranks 4 --silent-rank 1 --timeout-ms 2000 ;;
     nccl)
       { echo "PyTorch's NCCL: $nccl_lib"; ls -l "$nccl_lib"; echo "ldconfig's: $system_nccl"; ls -l /usr/local/cuda/lib/libnccl* 2>&1; } >>"$log"
       run_step nccl-launch env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n 1 -- \
@@ -110,12 +128,17 @@ for step in "${steps[@]}"; do
         run_step multi-run-tile "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/tilemoe" run --backend cuda \
           --transport nccl --ranks "$gpus" --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts $((gpus * 4)) --top-k 4 \
           --strategy tile_signal
+        expect_timeout multi-silent "rank 1 stalled" "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/tilemoe" run \
+          --backend cuda --transport nccl --ranks "$gpus" --experts $((gpus * 4)) --silent-rank 1 --timeout-ms 5000
         run_step multi-mpirun "${nccl_env[@]}" mpirun --allow-run-as-root -np "$gpus" -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE \
           "$bin/tilemoe" run --backend cuda --transport nccl --ranks "$gpus" --experts $((gpus * 2))
         run_step multi-ep-bench "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/ep_exchange_bench" --transport nccl \
           --json "$out/ep_bench_nccl.json"
         run_step multi-torch env PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --nproc-per-node "$gpus" \
           bench/torch_ep_reference.py --json "$out/torch_ep.json"
+        # the layer: sequential vs tile_signal (auto and the sweep), a whole GPU per rank
+        run_step multi-ts-bench "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/tile_signal_bench" --transport nccl \
+          --json "$out/ts_bench_nccl.json" --trace "$out/ts_nccl_trace"
       fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;

@@ -145,7 +145,9 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        run_rank_step(step, layer, world.rank(r), ep_options, std::to_string(ranks) + " virtual ranks", result,
+        cuda::EpMoeLayerOptions mine = ep_options;
+        mine.silent = r == options.silent_rank;
+        run_rank_step(step, layer, world.rank(r), mine, std::to_string(ranks) + " virtual ranks", result,
                       forward_ms[static_cast<std::size_t>(r)]);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -213,7 +215,9 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
   result.matches_sequential.assign(static_cast<std::size_t>(ranks), -1);
   double forward_ms = 0;
   const std::string how = std::to_string(ranks) + " rank(s) through NCCL " + cuda::NcclWorld::loaded_version() + " (" + env.source + ")";
-  run_rank_step(step, layer, world.transport(), ep_options, how, result, forward_ms);
+  cuda::EpMoeLayerOptions mine = ep_options;
+  mine.silent = env.rank == options.silent_rank;
+  run_rank_step(step, layer, world.transport(), mine, how, result, forward_ms);
   const auto me = static_cast<std::size_t>(env.rank);
   const auto shared = rendezvous.all_gather(pack_rank_result(forward_ms, result.routing[me], result.outputs[me]));
   for (int r = 0; r < ranks; ++r) {
@@ -251,6 +255,11 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
 }  // namespace
 
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options) {
+  const int ranks = step.world.world_size();
+  if (options.silent_rank < -1 || options.silent_rank >= ranks || (options.silent_rank >= 0 && ranks < 2)) {
+    throw_bad_input("--silent-rank " + std::to_string(options.silent_rank) + " names no rank of a world of " + std::to_string(ranks) +
+                    " (the fault injection needs --ranks 2 or more)");
+  }
   require_device();
   if (options.transport == "nccl") return run_nccl_rank(step, options);
   if (options.transport != "virtual") throw_bad_input("unknown --transport '" + options.transport + "': use virtual or nccl");

@@ -18,6 +18,7 @@ struct CudaStepOptions {
   int sms_per_rank = 0;             // virtual ranks: an SM partition of this many SMs each (0 = share the GPU)
   std::int64_t timeout_ms = 30000;  // bound of every device and host wait
   bool trace = false;               // multi-rank: record device timestamps of the timed step
+  int silent_rank = -1;             // fault injection (tests): this rank's exchange kernels send nothing
 };
 
 struct CudaStepOutput {

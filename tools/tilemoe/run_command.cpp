@@ -38,6 +38,7 @@ struct RunOptions {
   std::string dispatch = "device";    // --backend cuda, several ranks
   double link_gbps = 0.0;           // --backend cuda, virtual ranks
   int sms_per_rank = 0;             // --backend cuda, virtual ranks
+  int silent_rank = -1;             // --backend cuda, several ranks: fault injection
 };
 
 struct StrategyResult {
@@ -66,6 +67,7 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
   cuda_options.sms_per_rank = options.sms_per_rank;
   cuda_options.trace = !options.trace_path.empty();
   cuda_options.timeout_ms = options.timeout_ms;
+  cuda_options.silent_rank = options.silent_rank;
   const CudaStepOutput gpu = run_cuda_step(step, cuda_options);
   const auto plans = compile_plan(Strategy::Sequential, step.world, gpu.routing, options.step.plan);
   const StepRun cpu = run_step(plans, step.weights, step.inputs);
@@ -132,9 +134,10 @@ int run(const RunOptions& options) {
   }
   if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
   if (options.backend == "cpu" &&
-      (options.link_gbps != 0.0 || options.dispatch != "device" || options.transport != "virtual" || options.sms_per_rank != 0)) {
-    throw_bad_input("--transport, --dispatch, --sms-per-rank and --link-gbps are options of --backend cuda; the CPU engine's link is "
-                    "--link-mbps");
+      (options.link_gbps != 0.0 || options.dispatch != "device" || options.transport != "virtual" || options.sms_per_rank != 0 ||
+       options.silent_rank != -1)) {
+    throw_bad_input("--transport, --dispatch, --sms-per-rank, --link-gbps and --silent-rank are options of --backend cuda; the CPU "
+                    "engine's link is --link-mbps");
   }
   const PreparedStep step = prepare_step(options.step);
   if (options.backend == "cuda") return run_cuda(options, step);
@@ -266,6 +269,10 @@ void add_run_command(CLI::App& app, int& exit_code) {
   command->add_option("--trace", options->trace_path, "write a Chrome/Perfetto trace-event JSON of every strategy's step");
   command->add_flag("--json", options->json, "print the result as JSON instead of the table");
   command->add_option("--timeout-ms", options->timeout_ms, "bound of every wait")->capture_default_str();
+  command->add_option("--silent-rank", options->silent_rank,
+                      "cuda, several ranks, fault injection: this rank's exchange sends nothing, so every rank's step must fail "
+                      "within --timeout-ms with an error naming it (-1 = none)")
+      ->capture_default_str();
   command->add_option("--link-mbps", options->link_mbps, "emulated outgoing link of each rank, MB/s (0 = unlimited)")->capture_default_str();
   command->add_option("--delay-us", options->delay_us, "random delay of up to this before each task (timing shake)")->capture_default_str();
   command->callback([options, &exit_code] { exit_code = run(*options); });
