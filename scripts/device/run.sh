@@ -136,9 +136,14 @@ for step in "${steps[@]}"; do
           --json "$out/ep_bench_nccl.json"
         run_step multi-torch env PYTHONUNBUFFERED=1 python3 -m torch.distributed.run --nproc-per-node "$gpus" \
           bench/torch_ep_reference.py --json "$out/torch_ep.json"
-        # the layer: sequential vs tile_signal (auto and the sweep), a whole GPU per rank
-        run_step multi-ts-bench "${nccl_env[@]}" "$bin/tilemoe" launch -n "$gpus" -- "$bin/tile_signal_bench" --transport nccl \
-          --json "$out/ts_bench_nccl.json" --trace "$out/ts_nccl_trace"
+      fi ;;
+    multi-ts)  # the layer with real ranks: sequential vs tile_signal (auto and the sweep), a whole GPU per rank
+      gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+      if [ "$gpus" -lt 2 ]; then
+        echo "== multi-ts: $gpus GPU(s), skipped" | tee -a "$log"
+      else
+        run_step multi-ts-bench env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n "$gpus" -- \
+          "$bin/tile_signal_bench" --transport nccl --json "$out/ts_bench_nccl.json" --trace "$out/ts_nccl_trace"
       fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
