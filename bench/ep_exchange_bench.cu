@@ -28,6 +28,7 @@
 #include "exec/cuda/gpu_rates.hpp"
 #include "launch/launch_env.hpp"
 #include "launch/rendezvous.hpp"
+#include "bench_ranks.hpp"
 #include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
@@ -150,15 +151,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--transport") && i + 1 < argc) nccl = std::strcmp(argv[++i], "nccl") == 0;
   }
   // real ranks: this process is one of them; the launcher says which
-  const launch::LaunchEnv env = launch::launch_env();
-  std::unique_ptr<launch::Rendezvous> rendezvous;
-  if (nccl) {
-    cuda::NcclWorld::check_environment();
-    rendezvous = std::make_unique<launch::Rendezvous>(env, env.rendezvous, std::chrono::milliseconds(60000));
-  }
-  const bool reporter = !nccl || env.rank == 0;
-  FILE* json = json_path.empty() || !reporter ? nullptr : std::fopen(json_path.c_str(), "w");
-  if (!reporter) std::freopen("/dev/null", "w", stdout);  // rank 0 reports for the world
+  bench::BenchRanks world_ranks(nccl, json_path);
+  const launch::LaunchEnv& env = world_ranks.env;
+  launch::Rendezvous* rendezvous = world_ranks.rendezvous.get();
+  FILE* json = world_ranks.json;
   int failures = 0;
   try {
     TILEMOE_CUDA_CHECK(cudaSetDevice(nccl ? env.local_rank : 0));  // real ranks: each on its own GPU
@@ -269,7 +265,6 @@ int main(int argc, char** argv) {
     std::printf("FAIL: %s\n", e.what());
     ++failures;
   }
-  if (json) std::fclose(json);
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
   return failures ? 1 : 0;
 }

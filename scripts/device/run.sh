@@ -28,39 +28,26 @@ run_step() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/gpu.txt" 2>&1
 cat "$bin/COMMIT" >>"$out/gpu.txt" 2>/dev/null || true
-# a check that must fail with exit code 2 and say why
-expect_refusal() {
-  local name=$1 needle=$2
-  shift 2
-  echo "== $name (must be refused): $*" | tee -a "$log"
-  local text
-  text=$("$@" 2>&1)
-  local rc=$?
-  echo "$text" >>"$log"
-  if [ $rc -eq 2 ] && grep -qF -- "$needle" <<<"$text"; then
-    echo "== $name: refused as expected" | tee -a "$log"
-  else
-    echo "== $name: FAIL (exit $rc, expected 2 and '$needle')" | tee -a "$log"
-    status=1
-  fi
-}
-
-# a fault injection that must end in a timeout naming the stalled rank (exit 1, not a hang)
-expect_timeout() {
-  local name=$1 needle=$2
-  shift 2
-  echo "== $name (must time out): $*" | tee -a "$log"
+# a check that must end with exit code $2 and say $3 (within 120 s: never a hang)
+expect_exit() {
+  local name=$1 want=$2 needle=$3
+  shift 3
+  echo "== $name (must exit $want): $*" | tee -a "$log"
   local start=$SECONDS text
   text=$(timeout 120 "$@" 2>&1)
   local rc=$?
   echo "$text" >>"$log"
-  if [ $rc -eq 1 ] && grep -qF -- "$needle" <<<"$text"; then
-    echo "== $name: timed out as expected after $((SECONDS - start)) s" | tee -a "$log"
+  if [ $rc -eq "$want" ] && grep -qF -- "$needle" <<<"$text"; then
+    echo "== $name: exit $rc as expected after $((SECONDS - start)) s" | tee -a "$log"
   else
-    echo "== $name: FAIL (exit $rc, expected 1 and '$needle')" | tee -a "$log"
+    echo "== $name: FAIL (exit $rc, expected $want and '$needle')" | tee -a "$log"
     status=1
   fi
 }
+# bad input: refused with exit code 2 and a message saying why
+expect_refusal() { expect_exit "$1" 2 "${@:2}"; }
+# a fault injection: a timeout naming the stalled rank (exit 1)
+expect_timeout() { expect_exit "$1" 1 "${@:2}"; }
 
 # NCCL's device API has no stable ABI: the binaries run against the NCCL they were built with
 # (2.28.9, which PyTorch carries here); the distribution's older one is first in ldconfig
