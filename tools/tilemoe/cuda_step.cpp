@@ -34,9 +34,11 @@ void require_device() {
 // for each other), its buffers allocated before and freed after the world's forwards (cudaFree
 // synchronises the whole device). Fills outputs[rank] and routing[rank] of `result`.
 void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankTransport& transport,
-                   const cuda::EpMoeLayerOptions& options, const std::string& how, CudaStepOutput& result,
+                   const cuda::EpMoeLayerOptions& world_options, int silent_rank, const std::string& how, CudaStepOutput& result,
                    double& forward_ms) {
   const int r = transport.rank();
+  cuda::EpMoeLayerOptions options = world_options;
+  options.silent = r == silent_rank;  // the fault injection: this rank's exchange sends nothing
   const auto ri = static_cast<std::size_t>(r);
   const std::int64_t tokens = step.world.tokens_per_rank[ri];
   const Matrix& input = step.inputs[ri];
@@ -145,10 +147,8 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
-        cuda::EpMoeLayerOptions mine = ep_options;
-        mine.silent = r == options.silent_rank;
-        run_rank_step(step, layer, world.rank(r), mine, std::to_string(ranks) + " virtual ranks", result,
-                      forward_ms[static_cast<std::size_t>(r)]);
+        run_rank_step(step, layer, world.rank(r), ep_options, options.silent_rank, std::to_string(ranks) + " virtual ranks",
+                      result, forward_ms[static_cast<std::size_t>(r)]);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
@@ -215,9 +215,7 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
   result.matches_sequential.assign(static_cast<std::size_t>(ranks), -1);
   double forward_ms = 0;
   const std::string how = std::to_string(ranks) + " rank(s) through NCCL " + cuda::NcclWorld::loaded_version() + " (" + env.source + ")";
-  cuda::EpMoeLayerOptions mine = ep_options;
-  mine.silent = env.rank == options.silent_rank;
-  run_rank_step(step, layer, world.transport(), mine, how, result, forward_ms);
+  run_rank_step(step, layer, world.transport(), ep_options, options.silent_rank, how, result, forward_ms);
   const auto me = static_cast<std::size_t>(env.rank);
   const auto shared = rendezvous.all_gather(pack_rank_result(forward_ms, result.routing[me], result.outputs[me]));
   for (int r = 0; r < ranks; ++r) {

@@ -218,7 +218,8 @@ int arrival_combine_ctas_per_sm() {
 void launch_arrival_combine(cudaStream_t stream, const DeviceTransport& t, const ArrivalCombineArgs& a) {
   if (a.tokens == 0) return;
   if (a.ctas < 1 || a.local_experts < 1 || a.top_k < 1 || a.hidden % 8 != 0) throw_internal("tile signal: bad combine arguments");
-  arrival_combine_kernel<<<a.ctas, kArrivalCombineThreads, 0, stream>>>(t, a);
+  // no more CTAs than tokens (a decode step has fewer tokens than the grid has room for)
+  arrival_combine_kernel<<<std::min(a.ctas, a.tokens), kArrivalCombineThreads, 0, stream>>>(t, a);
   TILEMOE_CUDA_CHECK_LAUNCH("tile signal combine");
 }
 
