@@ -1,16 +1,22 @@
 // Benchmark of the one-GPU MoE layer: per stage and total, against the roofline floor and a
 // per-expert cuBLAS loop, with the matrix and copy rates measured in the same run.
 // CUDA events after warm-up, median of >= 20 runs, inputs rotated through more than the L2,
-// random data. Prints a table and writes JSON lines to --json FILE.
+// random data. Prints a table and writes JSON lines to --json FILE. --case NAME:TOKENS
+// (repeatable) restricts the sweep to those cases (for a profiler, or a look at the targets).
+// Alongside each case: the SM clock and power while it was timed (NVML), the same FLOPs as one
+// dense cuBLAS product per GEMM, and the floor of the tiles actually computed (each expert's
+// rows padded to the 128-row tile).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
@@ -21,6 +27,7 @@
 #include "exec/cuda/planned_gemm.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/median.hpp"
+#include "gpu_clock_sampler.hpp"
 
 using namespace tilemoe;
 
@@ -66,9 +73,10 @@ void cublas_gemm(cublasHandle_t h, const __nv_bfloat16* A, const __nv_bfloat16* 
 
 struct Rates {
   double matrix_tflops = 0, copy_gbps = 0;
+  bench::GpuClockSampler::Summary matrix_clock;
 };
 
-Rates measure_rates(cudaStream_t s, cublasHandle_t h) {
+Rates measure_rates(cudaStream_t s, cublasHandle_t h, bench::GpuClockSampler& clock) {
   Rates r;
   const int n = 8192;
   __nv_bfloat16 *a, *b, *c;
@@ -79,10 +87,12 @@ Rates measure_rates(cudaStream_t s, cublasHandle_t h) {
   cuda::launch_random_bf16(s, b, std::size_t(n) * n, 12, 1.0f);
   Timer t;
   std::vector<double> times;
+  clock.start();
   for (int i = 0; i < 13; ++i) {
     const double ms = t.ms(s, [&] { cublas_gemm(h, a, b, c, n, n, n); });
     if (i >= 3) times.push_back(ms);
   }
+  r.matrix_clock = clock.stop();
   r.matrix_tflops = 2.0 * n * n * double(n) / (median(times) * 1e-3) / 1e12;
   cudaFree(a);
   cudaFree(b);
@@ -112,10 +122,27 @@ struct Shape {
 
 int main(int argc, char** argv) {
   std::string json_path;
+  std::vector<std::pair<std::string, int>> only_cases;
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
+      const std::string text = argv[++i];
+      const std::size_t colon = text.find(':');
+      const int tokens = colon == std::string::npos ? 0 : std::atoi(text.c_str() + colon + 1);
+      if (tokens <= 0) {
+        std::fprintf(stderr, "--case wants NAME:TOKENS (e.g. mixtral-8x7b:16384), not '%s'\n", text.c_str());
+        return 2;
+      }
+      only_cases.emplace_back(text.substr(0, colon), tokens);
+    } else {
+      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case NAME:TOKENS ...] (unknown: %s)\n",
+                   argv[i]);
+      return 2;
+    }
   }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   try {
@@ -124,21 +151,36 @@ int main(int argc, char** argv) {
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
     CUBLAS_CHECK(cublasSetStream(h, s));
-    const Rates rates = measure_rates(s, h);
-    std::printf("measured rates: cuBLAS bf16 8192^3 %.0f TFLOP/s, device copy %.0f GB/s (read + write)\n",
-                rates.matrix_tflops, rates.copy_gbps);
-    if (json) std::fprintf(json, "{\"kind\":\"rates\",\"matrix_tflops\":%.1f,\"copy_gbps\":%.1f}\n", rates.matrix_tflops, rates.copy_gbps);
+    int device = 0;
+    TILEMOE_CUDA_CHECK(cudaGetDevice(&device));
+    bench::GpuClockSampler clock(device);
+    const Rates rates = measure_rates(s, h, clock);
+    std::printf("measured rates: cuBLAS bf16 8192^3 %.0f TFLOP/s (SM clock %.0f MHz, %.0f W), device copy %.0f GB/s (read + write)\n",
+                rates.matrix_tflops, rates.matrix_clock.mean_sm_mhz, rates.matrix_clock.mean_watts, rates.copy_gbps);
+    if (!clock.available()) std::printf("(NVML not found: no clock or power samples)\n");
+    if (json) {
+      std::fprintf(json, "{\"kind\":\"rates\",\"matrix_tflops\":%.1f,\"copy_gbps\":%.1f,\"matrix_clock\":%s}\n",
+                   rates.matrix_tflops, rates.copy_gbps, bench::GpuClockSampler::json(rates.matrix_clock).c_str());
+    }
 
     const std::vector<Shape> shapes = {{"mixtral-8x7b", 4096, 14336, 8, 2},
                                        {"qwen3-30b-a3b", 2048, 768, 128, 8},
                                        {"deepseek-v3", 7168, 2048, 256, 8}};
     const std::vector<int> token_counts = quick ? std::vector<int>{4096} : std::vector<int>{512, 4096, 16384};
+    auto wanted = [&](const Shape& shape, int tokens) {
+      if (only_cases.empty()) return true;
+      return std::find(only_cases.begin(), only_cases.end(), std::make_pair(std::string(shape.name), tokens)) !=
+             only_cases.end();
+    };
+    std::size_t cases_run = 0;
     std::printf("%-14s %6s %-8s | %8s %8s %8s %8s %8s %8s %8s | %9s %7s %7s | %9s %9s %6s\n", "shape", "tokens", "routing",
                 "router", "layout", "permute", "gemm0", "act", "gemm1", "combine", "total ms", "TFLOP/s", "x floor",
                 "ffn ms", "cublas ffn", "ratio");
     std::printf("(stock: the same layer on CUTLASS's stock grouped kernels + a separate activation: total, ffn ms)\n");
     for (const Shape& shape : shapes) {
       for (int tokens : token_counts) {
+        if (!wanted(shape, tokens)) continue;
+        ++cases_run;
         MoeConfig config;
         config.tokens = tokens;
         config.hidden = shape.hidden;
@@ -160,7 +202,9 @@ int main(int argc, char** argv) {
           }
           TILEMOE_CUDA_CHECK(cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
           const cuda::LayerTiming stock_timing = cuda::time_layer_forward(stock_layer, logits, tokens, 25, s);
+          clock.start();
           const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits, tokens, 25, s);
+          const bench::GpuClockSampler::Summary layer_clock = clock.stop();
           // the cuBLAS per-expert loop on the same permuted rows (host needs the counts: baseline only)
           std::vector<int> offsets(shape.experts + 1);
           TILEMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), layer.row_offset(), offsets.size() * 4, cudaMemcpyDeviceToHost));
@@ -191,6 +235,20 @@ int main(int argc, char** argv) {
             });
             if (run >= 3) cublas_ffn.push_back(ms);
           }
+          // The same FLOPs as one dense product per GEMM (all R rows against expert 0's weights):
+          // what cuBLAS gives at this size and this clock, with no grouping and no routing.
+          std::vector<double> dense0, dense1;
+          clock.start();
+          for (int run = 0; run < 23; ++run) {
+            const double a = timer.ms(s, [&] {
+              cublas_gemm(h, layer.permuted_rows(), layer.expert_weights0(), hbuf, int(R), 2 * shape.ffn, shape.hidden);
+            });
+            const double b = timer.ms(s, [&] {
+              cublas_gemm(h, abuf, layer.expert_weights2(), ybuf, int(R), shape.hidden, shape.ffn);
+            });
+            if (run >= 3) dense0.push_back(a), dense1.push_back(b);
+          }
+          const bench::GpuClockSampler::Summary dense_clock = clock.stop();
           // each GEMM configuration on the same rows, to calibrate the choice of MoeLayer
           std::string config_report;
           bool first_config = true;
@@ -256,12 +314,25 @@ int main(int argc, char** argv) {
             const double g1_none = time_table(p1, t1_none, false, false), g1_flag = time_table(p1, t1_flag, false, false);
             const double g1_trace = time_table(p1, t1_flag, false, true);
             const double g0_none2 = time_table(p0, t0_none, true, false), g1_none2 = time_table(p1, t1_none, false, false);
-            char text[256];
+            // With --case: the raster of GEMM0's table, its bands in blocks of 4, 8, 16 (each block
+            // N tiles outer, bands fastest) instead of the whole group at once: how much of the L2
+            // the concurrent tiles share.
+            std::string raster;
+            if (!only_cases.empty()) {
+              for (int band_block : {4, 8, 16}) {
+                const auto t = cuda::build_tile_table(offsets, 2 * shape.ffn, cl, cuda::TileFlags::None, band_block);
+                char cell[64];
+                std::snprintf(cell, sizeof cell, "%s\"%d\":%.4f", raster.empty() ? "" : ",", band_block,
+                              time_table(p0, t, true, false));
+                raster += cell;
+              }
+            }
+            char text[384];
             std::snprintf(text, sizeof text,
                           "%s\"%s\":{\"gemm0_ms\":%.4f,\"gemm0_flags_ms\":%.4f,\"gemm1_ms\":%.4f,\"gemm1_flags_ms\":%.4f,"
-                          "\"gemm1_flags_times_ms\":%.4f}",
+                          "\"gemm1_flags_times_ms\":%.4f,\"gemm0_band_block_ms\":{%s}}",
                           planned_report.empty() ? "" : ",", cuda::planned_cluster_name(cl), std::min(g0_none, g0_none2),
-                          g0_flag, std::min(g1_none, g1_none2), g1_flag, g1_trace);
+                          g0_flag, std::min(g1_none, g1_none2), g1_flag, g1_trace, raster.c_str());
             planned_report += text;
           }
           cudaFree(hbuf);
@@ -276,6 +347,15 @@ int main(int argc, char** argv) {
           // rows, the activation and the expert outputs each written once and read once (bf16)
           const double act_bytes = 2.0 * (2.0 * tokens * H + 4.0 * R * H + 2.0 * R * F);
           const double floor_ms = std::max(flops / (rates.matrix_tflops * 1e12), (weight_bytes + act_bytes) / (rates.copy_gbps * 1e9)) * 1e3;
+          // The tiles actually computed: each used expert's rows rounded up to the 128-row tile.
+          double padded_rows = 0;
+          for (int e = 0; e < shape.experts; ++e) {
+            const int m = offsets[e + 1] - offsets[e];
+            padded_rows += double((m + cuda::kPlannedTileM - 1) / cuda::kPlannedTileM) * cuda::kPlannedTileM;
+          }
+          const double tile_flops = 2.0 * padded_rows * H * 2 * F + 2.0 * padded_rows * F * H;
+          const double ffn_floor_ms = std::max(flops / (rates.matrix_tflops * 1e12), weight_bytes / (rates.copy_gbps * 1e9)) * 1e3;
+          const double tile_floor_ms = std::max(tile_flops / (rates.matrix_tflops * 1e12), weight_bytes / (rates.copy_gbps * 1e9)) * 1e3;
           const double total_ms = timing.total_ms;
           const double ffn_ms = timing.stage_ms[cuda::kGemm0] + timing.stage_ms[cuda::kActivation] + timing.stage_ms[cuda::kGemm1];
           std::printf("%-14s %6d %-8s |", shape.name, tokens, routing);
@@ -283,12 +363,21 @@ int main(int argc, char** argv) {
           std::printf(" | %9.3f %7.0f %7.2f | %9.3f %9.3f %6.2f | stock %9.3f %9.3f\n", total_ms, flops / (total_ms * 1e-3) / 1e12,
                       total_ms / floor_ms, ffn_ms, median(cublas_ffn), median(cublas_ffn) / ffn_ms, stock_timing.total_ms,
                       stock_timing.stage_ms[cuda::kGemm0] + stock_timing.stage_ms[cuda::kActivation] + stock_timing.stage_ms[cuda::kGemm1]);
+          std::printf("    dense cuBLAS of the same FLOPs %.3f + %.3f ms (%.0f MHz); layer timed at %.0f MHz (min %.0f), %.0f W;"
+                      " FFN floor %.3f ms, floor of the padded tiles %.3f ms (%.2fx the rows)\n",
+                      median(dense0), median(dense1), dense_clock.mean_sm_mhz, layer_clock.mean_sm_mhz, layer_clock.min_sm_mhz,
+                      layer_clock.mean_watts, ffn_floor_ms, tile_floor_ms, padded_rows / double(R));
           if (json) {
             std::fprintf(json, "{\"kind\":\"layer\",\"shape\":\"%s\",\"tokens\":%d,\"routing\":\"%s\",\"total_ms\":%.4f,\"floor_ms\":%.4f,"
                          "\"ffn_ms\":%.4f,\"cublas_loop_ffn_ms\":%.4f,\"flops\":%.4e,\"bytes\":%.4e",
                          shape.name, tokens, routing, total_ms, floor_ms, ffn_ms, median(cublas_ffn), flops, weight_bytes + act_bytes);
             for (int st = 0; st < cuda::kStageCount; ++st) std::fprintf(json, ",\"%s_ms\":%.4f", cuda::stage_name(st), timing.stage_ms[st]);
             std::fprintf(json, ",\"gemm_configs_ms\":{%s}", config_report.c_str());
+            std::fprintf(json, ",\"dense_gemm0_ms\":%.4f,\"dense_gemm1_ms\":%.4f,\"dense_clock\":%s,\"layer_clock\":%s",
+                         median(dense0), median(dense1), bench::GpuClockSampler::json(dense_clock).c_str(),
+                         bench::GpuClockSampler::json(layer_clock).c_str());
+            std::fprintf(json, ",\"ffn_floor_ms\":%.4f,\"padded_rows\":%.0f,\"tile_flops\":%.4e,\"tile_ffn_floor_ms\":%.4f",
+                         ffn_floor_ms, padded_rows, tile_flops, tile_floor_ms);
             std::fprintf(json, ",\"planned_ms\":{%s}", planned_report.c_str());
             std::fprintf(json, ",\"gemm\":\"%s\",\"stock_total_ms\":%.4f,\"stock_ffn_ms\":%.4f", layer.gemm_description().c_str(),
                          stock_timing.total_ms,
@@ -299,6 +388,11 @@ int main(int argc, char** argv) {
         }
         cudaFree(logits);
       }
+    }
+    if (cases_run < std::max<std::size_t>(1, only_cases.size())) {
+      std::fprintf(stderr, "%zu of the %zu --case arguments name a known shape and token count (512, 4096, 16384)\n",
+                   cases_run, only_cases.size());
+      return 2;
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench failed: %s\n", e.what());

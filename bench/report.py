@@ -45,6 +45,8 @@ def main(bench_path, torch_path):
             cell = f"{g0:.3f} / {g1:.3f}"
             cells.append(f"**{cell}**" if c == best else cell)
         print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | " + " | ".join(cells) + " |")
+    if "dense_gemm0_ms" in layers[0]:
+        print_ceilings(rates, layers)
     if "planned_ms" not in layers[0]:
         return
     print("\nThe layer on the planned GEMM (default) vs the same layer on the stock kernels, same call (ms):\n")
@@ -62,6 +64,36 @@ def main(bench_path, torch_path):
             print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_ms']:.3f} "
                   f"| {p['gemm0_flags_ms'] / p['gemm0_ms']:.3f}x | {p['gemm1_ms']:.3f} "
                   f"| {p['gemm1_flags_ms'] / p['gemm1_ms']:.3f}x | {p['gemm1_flags_times_ms'] / p['gemm1_ms']:.3f}x |")
+
+
+# NVML clocks-event reasons (nvml.h): the ones that lower the SM clock under load
+REASONS = {0x4: "power cap", 0x8: "hw slowdown", 0x20: "sync boost", 0x40: "sw thermal", 0x80: "hw thermal",
+           0x100: "power brake"}
+
+
+def reasons(clock):
+    bits = int(clock.get("reasons", "0x0"), 16)
+    return ", ".join(name for bit, name in REASONS.items() if bits & bit) or "none"
+
+
+def print_ceilings(rates, layers):
+    mc = rates.get("matrix_clock", {})
+    print(f"\nCeilings of the FFN, same call. The 8192^3 rate was measured at {mc.get('mean_sm_mhz', 0):.0f} MHz "
+          f"({mc.get('mean_watts', 0):.0f} W). Dense = the same FLOPs as one cuBLAS product per GEMM (all rows against one "
+          "expert's weights); padded = each expert's rows rounded up to the 128-row tile, the FLOPs a 128-row tile "
+          "kernel computes; clocks are NVML samples while the case was timed.\n")
+    print("| shape | tokens | routing | tilemoe FFN | FFN floor | padded-tile floor | rows computed / routed "
+          "| dense cuBLAS GEMM0 + GEMM1 | dense TFLOP/s | tilemoe FFN TFLOP/s | SM MHz (layer) | W (layer) | MHz (dense) "
+          "| clock limits seen |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in layers:
+        dense = r["dense_gemm0_ms"] + r["dense_gemm1_ms"]
+        lc, dc = r["layer_clock"], r["dense_clock"]
+        rows = r["flops"] / (r["tile_flops"] / r["padded_rows"])
+        print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {r['ffn_ms']:.3f} | {r['ffn_floor_ms']:.3f} "
+              f"| {r['tile_ffn_floor_ms']:.3f} | {r['padded_rows'] / rows:.2f} | {dense:.3f} "
+              f"| {r['flops'] / dense / 1e9:.0f} | {r['flops'] / r['ffn_ms'] / 1e9:.0f} | {lc['mean_sm_mhz']:.0f} "
+              f"| {lc['mean_watts']:.0f} | {dc['mean_sm_mhz']:.0f} | {reasons(lc)} |")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ run_step() {
 
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/gpu.txt" 2>&1
 cat "$bin/COMMIT" >>"$out/gpu.txt" 2>/dev/null || true
+uname -r >>"$out/gpu.txt"  # which runtime (Firecracker reads hardware counters, gVisor does not)
 # a check that must end with exit code $2 and say $3 (within 120 s: never a hang)
 expect_exit() {
   local name=$1 want=$2 needle=$3
@@ -80,6 +81,12 @@ for step in "${steps[@]}"; do
     signal-cost) run_step signal-cost "$bin/signal_cost_bench" --json "$out/signal_cost.json" ;;
     ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$out/tile_signal_trace" ;;
     cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$out/cli_tile_signal_trace.json" ;;
+    bench-focus)  # the cases the one-GPU targets name, with their clocks and ceilings
+      run_step bench-focus "$bin/cuda_layer_bench" --case mixtral-8x7b:16384 --case deepseek-v3:4096 --json "$out/bench_focus.json" ;;
+    ncu-gemm)  # hardware counters of the stock and planned GEMM0/GEMM1 at Mixtral 16384 (Firecracker only; gVisor refuses)
+      run_step ncu-gemm timeout 240 ncu --clock-control none --kernel-name "regex:device_kernel|planned_gemm_kernel" \
+        --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        "$bin/cuda_layer_bench" --case mixtral-8x7b:16384 ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-ep)

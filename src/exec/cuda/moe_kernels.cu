@@ -16,6 +16,12 @@ constexpr int kMaxPerLane = 32;  // E <= 1024
 
 __device__ inline bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
+// One warp per token; lane l holds experts l, l + 32, ... (kPerLane of them, E <= 32 * kPerLane).
+// kPerLane is a template argument so that every loop unrolls and the values stay in registers
+// (with a runtime bound and a dynamic index the array lived in local memory, and the router took
+// 0.07-0.17 ms at 16384 tokens for 0.5-16 MB of logits). The order of every sum and comparison
+// is the same for any kPerLane, so the result does not depend on it.
+template <int kPerLane>
 __global__ void router_kernel(const float* __restrict__ logits, int tokens, int experts, int top_k, bool renormalize,
                               std::int32_t* __restrict__ expert_out, float* __restrict__ weight_out,
                               int* __restrict__ error_token) {
@@ -24,10 +30,11 @@ __global__ void router_kernel(const float* __restrict__ logits, int tokens, int 
   const int lane = threadIdx.x % kWarp;
   if (token >= tokens) return;
   const float* row = logits + static_cast<std::size_t>(token) * experts;
-  float value[kMaxPerLane];
+  float value[kPerLane];
   float max_logit = -INFINITY;
   bool bad = false;
-  for (int i = 0; i < kMaxPerLane; ++i) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + i * kWarp;
     value[i] = e < experts ? row[e] : -INFINITY;
     if (e < experts) {
@@ -41,7 +48,8 @@ __global__ void router_kernel(const float* __restrict__ logits, int tokens, int 
   }
   for (int offset = kWarp / 2; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
   float sum = 0.0f;
-  for (int i = 0; i < kMaxPerLane; ++i) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
     const int e = lane + i * kWarp;
     value[i] = e < experts ? expf(value[i] - max_logit) : -1.0f;  // -1: never chosen
     if (e < experts) sum += value[i];
@@ -51,7 +59,8 @@ __global__ void router_kernel(const float* __restrict__ logits, int tokens, int 
   for (int j = 0; j < top_k; ++j) {
     float best = -2.0f;
     int best_id = INT_MAX;
-    for (int i = 0; i < kMaxPerLane; ++i) {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
       const int e = lane + i * kWarp;
       if (e < experts && better(value[i], e, best, best_id)) best = value[i], best_id = e;
     }
@@ -60,7 +69,10 @@ __global__ void router_kernel(const float* __restrict__ logits, int tokens, int 
       const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
       if (better(other, other_id, best, best_id)) best = other, best_id = other_id;
     }
-    if ((best_id % kWarp) == lane) value[best_id / kWarp] = -1.0f;  // taken
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + i * kWarp == best_id) value[i] = -1.0f;  // taken
+    }
     const float p = best / sum;
     chosen_sum += p;
     if (lane == 0) {
@@ -205,8 +217,23 @@ void launch_router(cudaStream_t stream, const float* logits, int tokens, int exp
   if (experts > kWarp * kMaxPerLane) throw_bad_input("the CUDA router handles at most 1024 experts");
   if (tokens == 0) return;
   constexpr int kWarpsPerBlock = 8;
-  router_kernel<<<blocks_for(tokens, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, stream>>>(
-      logits, tokens, experts, top_k, renormalize, expert, weight, error_token);
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks_for(tokens, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, stream>>>(logits, tokens, experts, top_k,
+                                                                                      renormalize, expert, weight, error_token);
+  };
+  if (experts <= kWarp) {
+    launch(router_kernel<1>);
+  } else if (experts <= 2 * kWarp) {
+    launch(router_kernel<2>);
+  } else if (experts <= 4 * kWarp) {
+    launch(router_kernel<4>);
+  } else if (experts <= 8 * kWarp) {
+    launch(router_kernel<8>);
+  } else if (experts <= 16 * kWarp) {
+    launch(router_kernel<16>);
+  } else {
+    launch(router_kernel<kMaxPerLane>);
+  }
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }
 
