@@ -124,6 +124,11 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
   using TiledMma = typename Mainloop::TiledMma;
   constexpr int kMmaThreads = 256;
   static_assert(size(TiledMma{}) == kMmaThreads);
+  // The cooperative tile: warp group w (of the two MMA groups) computes rows [64 w, 64 w + 64),
+  // as the collective slices it (thread 128 w of the TiledMma, atoms stacked along M).
+  constexpr int kRowsPerWarpGroup = kPlannedTileM / 2;
+  static_assert(cute::size<1>(typename TiledMma::ThrLayoutVMNK{}) == 2 && cute::size<2>(typename TiledMma::ThrLayoutVMNK{}) == 1,
+                "the planned GEMM expects two MMA warp groups stacked along M");
 
   extern __shared__ __align__(128) char smem_raw[];
   auto& smem = *reinterpret_cast<typename Types::SharedStorage*>(smem_raw);
@@ -214,8 +219,22 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     if (params.tile_times != nullptr && mma_thread == 0) params.tile_times[2 * index] = planned_globaltimer();
 
     Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-    mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, smem.mainloop, params.mainloop);
-    mainloop.mma_tail(pipeline, read_state, k_tiles);
+    if (mma_thread / 128 * kRowsPerWarpGroup >= e.rows) {
+      // Every row of this warp group's half is padding (a band of <= 64 rows, or a cluster's
+      // padding mate): consume the stages without MMAs, so the other warp group has the tensor
+      // cores to itself (the tile takes about half the time) and the loads, which a cluster
+      // mate may share, are released as usual.
+      auto state = read_state;
+      for (int k = 0; k < k_tiles; ++k) {
+        pipeline.consumer_wait(state);
+        pipeline.consumer_release(state);
+        ++state;
+      }
+      clear(accum);
+    } else {
+      mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, smem.mainloop, params.mainloop);
+      mainloop.mma_tail(pipeline, read_state, k_tiles);
+    }
     read_state.advance(k_tiles);
 
     const int64_t col_base = int64_t(e.col_tile) * kOutTileCols;
