@@ -155,7 +155,7 @@ void ExpertFfn::build_tables(cudaStream_t stream, const int* row_offset) {
   const PlannedCluster cluster = m.planned0->cluster();
   const int E = static_cast<int>(m.experts);
   launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.gemm0_n), cluster, TileFlags::None, m.table0.data(),
-                          m.table0_capacity, m.table_count.data());
+                          m.table0_capacity, m.table_count.data(), m.options.gemm0_band_block);
   launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.layer.hidden), cluster,
                           m.options.gemm1_band_flags ? TileFlags::PerBand : TileFlags::None, m.table1.data(), m.table1_capacity,
                           m.table_count.data() + 1, m.options.gemm1_band_block);

@@ -24,6 +24,10 @@ struct ExpertFfnOptions {
   int gemm1_sm_limit = 0;         // > 0: GEMM1 leaves the other SMs to a concurrent consumer
   bool gemm1_band_flags = false;  // GEMM1's tiles raise one flag per row band (TileFlags::PerBand)
   int gemm1_band_block = 0;       // > 0: GEMM1's table in blocks of this many bands (build_tile_table)
+  // GEMM0's table in blocks of 16 bands: measured 1-2.5% faster than the whole group at once at
+  // Mixtral 16384 tokens (32 bands per expert; BENCHMARKS.md, 2026-12-03), where the card runs at
+  // its power limit and less L2 traffic per FLOP buys clock; no effect on experts of <= 16 bands.
+  int gemm0_band_block = 16;
 };
 
 class ExpertFfn {

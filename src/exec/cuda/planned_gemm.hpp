@@ -98,6 +98,8 @@ struct PlannedGemmRun {
   unsigned* flags = nullptr;                    // device; nullptr: no flags raised
   unsigned long long* tile_times = nullptr;     // optional device [2 * entries]: globaltimer at the
                                                 // start of the tile's MMAs and after its flag
+  bool skip_padding_mma = true;                 // a warp group whose 64 rows are all padding issues
+                                                // no MMAs (false: A/B measurements only)
 };
 
 class PlannedGemm {

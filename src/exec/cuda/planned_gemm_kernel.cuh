@@ -89,6 +89,7 @@ struct PlannedGemmTypes {
     __nv_bfloat16* D;
     unsigned* flags;
     unsigned long long* tile_times;
+    bool skip_padding_mma;
   };
 };
 
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     if (params.tile_times != nullptr && mma_thread == 0) params.tile_times[2 * index] = planned_globaltimer();
 
     Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-    if (mma_thread / 128 * kRowsPerWarpGroup >= e.rows) {
+    if (params.skip_padding_mma && mma_thread / 128 * kRowsPerWarpGroup >= e.rows) {
       // Every row of this warp group's half is padding (a band of <= 64 rows, or a cluster's
       // padding mate): consume the stages without MMAs, so the other warp group has the tensor
       // cores to itself (the tile takes about half the time) and the loads, which a cluster
@@ -354,7 +355,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.tile_times};
+                                  r.D, r.flags, r.tile_times, r.skip_padding_mma};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
