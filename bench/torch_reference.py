@@ -34,7 +34,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--json")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--case", action="append", default=[], metavar="NAME:TOKENS",
+                        help="only these cases (repeatable), e.g. mixtral-8x7b:16384")
     args = parser.parse_args()
+    cases = set()
+    for text in args.case:
+        name, _, count = text.partition(":")
+        if not count.isdigit():
+            parser.error(f"--case wants NAME:TOKENS, not {text!r}")
+        cases.add((name, int(count)))
     sink = open(args.json, "w") if args.json else None
     dev = torch.device("cuda")
     shapes = [("mixtral-8x7b", 4096, 14336, 8, 2), ("qwen3-30b-a3b", 2048, 768, 128, 8), ("deepseek-v3", 7168, 2048, 256, 8)]
@@ -42,11 +50,15 @@ def main():
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
     print(f"{'shape':14s} {'tokens':>6s} {'routing':8s} | {'layer ms':>9s} {'ffn ms':>9s} {'ffn TFLOP/s':>11s}")
     for name, hidden, ffn, experts, top_k in shapes:
+        if cases and not any(c[0] == name for c in cases):
+            continue
         gen = torch.Generator(device=dev).manual_seed(7)
         w13 = (torch.rand(experts, 2 * ffn, hidden, device=dev, generator=gen) * 2 - 1).mul_(math.sqrt(3 / hidden)).bfloat16()
         w2 = (torch.rand(experts, hidden, ffn, device=dev, generator=gen) * 2 - 1).mul_(math.sqrt(3 / ffn)).bfloat16()
         w13_t, w2_t = w13.transpose(1, 2), w2.transpose(1, 2)  # [E, K, N] views of the [E, N, K] weights
         for tokens in token_counts:
+            if cases and (name, tokens) not in cases:
+                continue
             rotations = max(2, min(32, (256 << 20) // (tokens * hidden * 2) + 1))
             xs = [(torch.rand(tokens, hidden, device=dev, generator=gen) * 2 - 1).bfloat16() for _ in range(rotations)]
             for routing in ("balanced", "skewed"):

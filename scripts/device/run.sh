@@ -141,6 +141,11 @@ for step in "${steps[@]}"; do
       fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
+    targets)  # the cases the one-GPU targets name, tilemoe and PyTorch in one call, then DeepSeek-V3 16384
+      run_step torch-targets env PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_reference.py --case mixtral-8x7b:16384 \
+        --case deepseek-v3:4096 --case deepseek-v3:16384 --json "$out/torch_targets.json"
+      run_step bench-targets stdbuf -oL "$bin/cuda_layer_bench" --case mixtral-8x7b:16384 --case deepseek-v3:4096 --json "$out/bench_targets.json"
+      run_step bench-ds16k timeout 150 stdbuf -oL "$bin/cuda_layer_bench" --case deepseek-v3:16384 --json "$out/bench_ds16k.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
     *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
   esac
