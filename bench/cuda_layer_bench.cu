@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -145,6 +146,16 @@ int main(int argc, char** argv) {
     }
   }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a cut-off call still shows how far the sweep got
+  const auto started = std::chrono::steady_clock::now();
+  // Wall seconds since start, per phase of a case (a sweep once ran 20x slower than its GPU time).
+  std::string phases;
+  auto phase = [&](const char* name) {
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    char cell[64];
+    std::snprintf(cell, sizeof cell, "%s\"%s\":%.1f", phases.empty() ? "" : ",", name, t);
+    phases += cell;
+  };
   try {
     cudaStream_t s;
     TILEMOE_CUDA_CHECK(cudaStreamCreate(&s));
@@ -201,6 +212,8 @@ int main(int argc, char** argv) {
             host_logits[i] = normal(rng) - (routing[0] == 's' ? 1.5f * std::log(float(e + 1)) : 0.0f);
           }
           TILEMOE_CUDA_CHECK(cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
+          phases.clear();
+          phase("start");
           const cuda::LayerTiming stock_timing = cuda::time_layer_forward(stock_layer, logits, tokens, 25, s);
           clock.start();
           const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits, tokens, 25, s);
@@ -214,6 +227,7 @@ int main(int argc, char** argv) {
           TILEMOE_CUDA_CHECK(cudaMalloc(&abuf, R * shape.ffn * 2));
           TILEMOE_CUDA_CHECK(cudaMalloc(&ybuf, R * shape.hidden * 2));
           Timer timer;
+          phase("layers_timed");
           std::vector<double> cublas_ffn;
           for (int run = 0; run < 13; ++run) {
             const double ms = timer.ms(s, [&] {
@@ -237,6 +251,7 @@ int main(int argc, char** argv) {
           }
           // The same FLOPs as one dense product per GEMM (all R rows against expert 0's weights):
           // what cuBLAS gives at this size and this clock, with no grouping and no routing.
+          phase("cublas_loop");
           std::vector<double> dense0, dense1;
           clock.start();
           for (int run = 0; run < 23; ++run) {
@@ -250,6 +265,7 @@ int main(int argc, char** argv) {
           }
           const bench::GpuClockSampler::Summary dense_clock = clock.stop();
           // each GEMM configuration on the same rows, to calibrate the choice of MoeLayer
+          phase("dense");
           std::string config_report;
           bool first_config = true;
           for (cuda::GemmConfig config : cuda::kAllGemmConfigs) {
@@ -272,6 +288,7 @@ int main(int argc, char** argv) {
           }
           // The planned GEMM's ready-flag hook: the same tiles with no flag, with one release add
           // per tile, and with a flag plus two timestamps per tile; both clusters.
+          phase("stock_configs");
           std::string planned_report;
           for (cuda::PlannedCluster cl : {cuda::PlannedCluster::M2, cuda::PlannedCluster::N2}) {
             cuda::PlannedGemm p0(cl, cuda::PlannedEpilogue::SwiGLU, shape.experts, 0);
@@ -341,6 +358,7 @@ int main(int argc, char** argv) {
                           g0_flag, std::min(g1_none, g1_none2), g1_flag, g1_trace, g0_all_mma, g1_all_mma, raster.c_str());
             planned_report += text;
           }
+          phase("planned");
           cudaFree(hbuf);
           cudaFree(abuf);
           cudaFree(ybuf);
@@ -388,7 +406,7 @@ int main(int argc, char** argv) {
             std::fprintf(json, ",\"gemm\":\"%s\",\"stock_total_ms\":%.4f,\"stock_ffn_ms\":%.4f", layer.gemm_description().c_str(),
                          stock_timing.total_ms,
                          stock_timing.stage_ms[cuda::kGemm0] + stock_timing.stage_ms[cuda::kActivation] + stock_timing.stage_ms[cuda::kGemm1]);
-            std::fprintf(json, "}\n");
+            std::fprintf(json, ",\"wall_s\":{%s}}\n", phases.c_str());
             std::fflush(json);
           }
         }
