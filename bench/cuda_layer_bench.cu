@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
           clock.start();
           const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits, tokens, 25, s);
           const bench::GpuClockSampler::Summary layer_clock = clock.stop();
+          phase("layers_timed");
           // the cuBLAS per-expert loop on the same permuted rows (host needs the counts: baseline only)
           std::vector<int> offsets(shape.experts + 1);
           TILEMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), layer.row_offset(), offsets.size() * 4, cudaMemcpyDeviceToHost));
@@ -227,7 +228,6 @@ int main(int argc, char** argv) {
           TILEMOE_CUDA_CHECK(cudaMalloc(&abuf, R * shape.ffn * 2));
           TILEMOE_CUDA_CHECK(cudaMalloc(&ybuf, R * shape.hidden * 2));
           Timer timer;
-          phase("layers_timed");
           std::vector<double> cublas_ffn;
           for (int run = 0; run < 13; ++run) {
             const double ms = timer.ms(s, [&] {

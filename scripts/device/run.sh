@@ -56,6 +56,9 @@ nccl_lib=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/d
 [ -f "$nccl_lib/libnccl.so.2" ] || nccl_lib=$(dirname "$(find / -path '*nvidia/nccl/lib/libnccl.so.2' -print -quit 2>/dev/null)")
 system_nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl.so.2 /{print $NF; exit}')
 
+# the cases the one-GPU targets of the layer name (cuda_layer_bench and torch_reference.py take the same flags)
+target_cases=(--case mixtral-8x7b:16384 --case deepseek-v3:4096)
+
 for step in "${steps[@]}"; do
   case $step in
     gemm) run_step gemm "$bin/test_grouped_gemm" ;;
@@ -82,7 +85,7 @@ for step in "${steps[@]}"; do
     ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$out/tile_signal_trace" ;;
     cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$out/cli_tile_signal_trace.json" ;;
     bench-focus)  # the cases the one-GPU targets name, with their clocks and ceilings
-      run_step bench-focus "$bin/cuda_layer_bench" --case mixtral-8x7b:16384 --case deepseek-v3:4096 --json "$out/bench_focus.json" ;;
+      run_step bench-focus "$bin/cuda_layer_bench" "${target_cases[@]}" --json "$out/bench_focus.json" ;;
     ncu-gemm)  # hardware counters of the stock and planned GEMM0/GEMM1 at Mixtral 16384 (Firecracker only; gVisor refuses)
       run_step ncu-gemm timeout 240 ncu --clock-control none --kernel-name "regex:device_kernel|planned_gemm_kernel" \
         --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
@@ -141,11 +144,11 @@ for step in "${steps[@]}"; do
       fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
-    targets)  # the cases the one-GPU targets name, tilemoe and PyTorch in one call, then DeepSeek-V3 16384
-      run_step torch-targets env PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_reference.py --case mixtral-8x7b:16384 \
-        --case deepseek-v3:4096 --case deepseek-v3:16384 --json "$out/torch_targets.json"
-      run_step bench-targets stdbuf -oL "$bin/cuda_layer_bench" --case mixtral-8x7b:16384 --case deepseek-v3:4096 --json "$out/bench_targets.json"
-      run_step bench-ds16k timeout 150 stdbuf -oL "$bin/cuda_layer_bench" --case deepseek-v3:16384 --json "$out/bench_ds16k.json" ;;
+    targets)  # the target cases, PyTorch then tilemoe in one call (then DeepSeek-V3 16384, which a cut call lost)
+      run_step torch-targets env PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_reference.py "${target_cases[@]}" \
+        --case deepseek-v3:16384 --json "$out/torch_targets.json"
+      run_step bench-targets "$bin/cuda_layer_bench" "${target_cases[@]}" --json "$out/bench_targets.json"
+      run_step bench-ds16k timeout 150 "$bin/cuda_layer_bench" --case deepseek-v3:16384 --json "$out/bench_ds16k.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
     *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
   esac
