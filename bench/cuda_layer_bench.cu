@@ -2,7 +2,9 @@
 // per-expert cuBLAS loop, with the matrix and copy rates measured in the same run.
 // CUDA events after warm-up, median of >= 20 runs, inputs rotated through more than the L2,
 // random data. Prints a table and writes JSON lines to --json FILE. --case NAME:TOKENS
-// (repeatable) restricts the sweep to those cases (for a profiler, or a look at the targets).
+// (repeatable) restricts the sweep to those cases (for a profiler, or a look at the targets);
+// --raster adds a sweep of GEMM0's band blocks; a phase that runs past --stall-limit-s (60 s)
+// ends the bench with exit code 3 and a message naming it.
 // Alongside each case: the SM clock and power while it was timed (NVML), the same FLOPs as one
 // dense cuBLAS product per GEMM, and the floor of the tiles actually computed (each expert's
 // rows padded to the 128-row tile).
@@ -29,6 +31,7 @@
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/median.hpp"
 #include "gpu_clock_sampler.hpp"
+#include "phase_watchdog.hpp"
 
 using namespace tilemoe;
 
@@ -124,12 +127,21 @@ struct Shape {
 int main(int argc, char** argv) {
   std::string json_path;
   std::vector<std::pair<std::string, int>> only_cases;
-  bool quick = false;
+  bool quick = false, raster_sweep = false;
+  double stall_limit_s = 60;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--raster")) {
+      raster_sweep = true;
+    } else if (!std::strcmp(argv[i], "--stall-limit-s") && i + 1 < argc) {
+      stall_limit_s = std::atof(argv[++i]);
+      if (!(stall_limit_s > 0)) {
+        std::fprintf(stderr, "--stall-limit-s wants a positive number of seconds, not '%s'\n", argv[i]);
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
       const std::string text = argv[++i];
       const std::size_t colon = text.find(':');
@@ -140,7 +152,8 @@ int main(int argc, char** argv) {
       }
       only_cases.emplace_back(text.substr(0, colon), tokens);
     } else {
-      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case NAME:TOKENS ...] (unknown: %s)\n",
+      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case NAME:TOKENS ...] [--raster] [--stall-limit-s S]"
+                   " (unknown: %s)\n",
                    argv[i]);
       return 2;
     }
@@ -165,6 +178,11 @@ int main(int argc, char** argv) {
     int device = 0;
     TILEMOE_CUDA_CHECK(cudaGetDevice(&device));
     bench::GpuClockSampler clock(device);
+    // No phase of a case takes more than seconds; one that runs past the limit is a stall, reported by name.
+    bench::PhaseWatchdog watchdog("cuda_layer_bench", stall_limit_s, [&clock] { return clock.snapshot(); });
+    std::string case_label;
+    auto watch = [&](const std::string& what) { watchdog.enter(case_label + what); };
+    watch("measuring the cuBLAS and copy rates");
     const Rates rates = measure_rates(s, h, clock);
     std::printf("measured rates: cuBLAS bf16 8192^3 %.0f TFLOP/s (SM clock %.0f MHz, %.0f W), device copy %.0f GB/s (read + write)\n",
                 rates.matrix_tflops, rates.matrix_clock.mean_sm_mhz, rates.matrix_clock.mean_watts, rates.copy_gbps);
@@ -192,6 +210,8 @@ int main(int argc, char** argv) {
       for (int tokens : token_counts) {
         if (!wanted(shape, tokens)) continue;
         ++cases_run;
+        case_label = std::string(shape.name) + " " + std::to_string(tokens) + ": ";
+        watch("building the layers (random weights on the device)");
         MoeConfig config;
         config.tokens = tokens;
         config.hidden = shape.hidden;
@@ -211,14 +231,20 @@ int main(int argc, char** argv) {
             const int e = static_cast<int>(i % shape.experts);
             host_logits[i] = normal(rng) - (routing[0] == 's' ? 1.5f * std::log(float(e + 1)) : 0.0f);
           }
+          case_label = std::string(shape.name) + " " + std::to_string(tokens) + " " + routing + ": ";
+          watch("uploading the logits");
           TILEMOE_CUDA_CHECK(cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
           phases.clear();
           phase("start");
+          watch("timing the layer on the stock kernels");
           const cuda::LayerTiming stock_timing = cuda::time_layer_forward(stock_layer, logits, tokens, 25, s);
+          watch("timing the layer (planned GEMMs)");
           clock.start();
           const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits, tokens, 25, s);
+          watch("joining the NVML sampler");
           const bench::GpuClockSampler::Summary layer_clock = clock.stop();
           phase("layers_timed");
+          watch("timing the per-expert cuBLAS loop");
           // the cuBLAS per-expert loop on the same permuted rows (host needs the counts: baseline only)
           std::vector<int> offsets(shape.experts + 1);
           TILEMOE_CUDA_CHECK(cudaMemcpy(offsets.data(), layer.row_offset(), offsets.size() * 4, cudaMemcpyDeviceToHost));
@@ -252,6 +278,7 @@ int main(int argc, char** argv) {
           // The same FLOPs as one dense product per GEMM (all R rows against expert 0's weights):
           // what cuBLAS gives at this size and this clock, with no grouping and no routing.
           phase("cublas_loop");
+          watch("timing the dense cuBLAS products");
           std::vector<double> dense0, dense1;
           clock.start();
           for (int run = 0; run < 23; ++run) {
@@ -269,6 +296,7 @@ int main(int argc, char** argv) {
           std::string config_report;
           bool first_config = true;
           for (cuda::GemmConfig config : cuda::kAllGemmConfigs) {
+            watch(std::string("timing the stock GEMM config ") + cuda::gemm_config_name(config));
             cuda::GroupedGemm g0(config, shape.experts, 0), g1(config, shape.experts, 0);
             std::vector<double> t0, t1;
             for (int run = 0; run < 13; ++run) {
@@ -291,6 +319,7 @@ int main(int argc, char** argv) {
           phase("stock_configs");
           std::string planned_report;
           for (cuda::PlannedCluster cl : {cuda::PlannedCluster::M2, cuda::PlannedCluster::N2}) {
+            watch(std::string("timing the planned GEMMs alone, cluster ") + cuda::planned_cluster_name(cl));
             cuda::PlannedGemm p0(cl, cuda::PlannedEpilogue::SwiGLU, shape.experts, 0);
             cuda::PlannedGemm p1(cl, cuda::PlannedEpilogue::Store, shape.experts, 0);
             const auto t0_none = cuda::build_tile_table(offsets, 2 * shape.ffn, cl, cuda::TileFlags::None);
@@ -305,6 +334,9 @@ int main(int argc, char** argv) {
             TILEMOE_CUDA_CHECK(cudaMemset(d_flags.data(), 0, most * 4));
             auto time_table = [&](cuda::PlannedGemm& g, const std::vector<cuda::GemmTileEntry>& t, bool gemm0, bool times,
                                   bool skip_padding_mma = true) {
+              watch(std::string("timing the planned ") + (gemm0 ? "GEMM0" : "GEMM1") + " alone, cluster " +
+                    cuda::planned_cluster_name(cl) + (times ? ", with tile times" : "") +
+                    (skip_padding_mma ? "" : ", every MMA issued") + " (" + std::to_string(t.size()) + " entries)");
               const int n = static_cast<int>(t.size());
               TILEMOE_CUDA_CHECK(cudaMemcpy(d_table.data(), t.data(), t.size() * sizeof(t[0]), cudaMemcpyHostToDevice));
               TILEMOE_CUDA_CHECK(cudaMemcpy(d_count.data(), &n, 4, cudaMemcpyHostToDevice));
@@ -336,11 +368,11 @@ int main(int argc, char** argv) {
             // the same tiles with every warp group issuing its MMAs, padding rows or not
             const double g0_all_mma = time_table(p0, t0_none, true, false, false);
             const double g1_all_mma = time_table(p1, t1_none, false, false, false);
-            // With --case: the raster of GEMM0's table, its bands in blocks of 4, 8, 16 (each block
+            // With --raster: the raster of GEMM0's table, its bands in blocks of 4, 8, 16 (each block
             // N tiles outer, bands fastest) instead of the whole group at once: how much of the L2
             // the concurrent tiles share.
             std::string raster;
-            if (!only_cases.empty()) {
+            if (raster_sweep) {
               for (int band_block : {4, 8, 16}) {
                 const auto t = cuda::build_tile_table(offsets, 2 * shape.ffn, cl, cuda::TileFlags::None, band_block);
                 char cell[64];
@@ -359,6 +391,7 @@ int main(int argc, char** argv) {
             planned_report += text;
           }
           phase("planned");
+          watch("freeing the case's buffers");
           cudaFree(hbuf);
           cudaFree(abuf);
           cudaFree(ybuf);
@@ -410,9 +443,11 @@ int main(int argc, char** argv) {
             std::fflush(json);
           }
         }
+        watch("freeing the logits and the layers");
         cudaFree(logits);
       }
     }
+    watch("finishing");
     if (cases_run < std::max<std::size_t>(1, only_cases.size())) {
       std::fprintf(stderr, "%zu of the %zu --case arguments name a known shape and token count (512, 4096, 16384)\n",
                    cases_run, only_cases.size());

@@ -97,6 +97,21 @@ class GpuClockSampler {
     return s;
   }
 
+  // One reading now, as text (for a stall report; works whether or not a sampling is running).
+  std::string snapshot() const {
+    if (!available()) return "no NVML";
+    unsigned mhz = 0, mw = 0;
+    unsigned long long why = 0;
+    const bool clock_ok = clock_(device_, /*NVML_CLOCK_SM*/ 1, &mhz) == 0;
+    const bool power_ok = power_(device_, &mw) == 0;
+    const bool reasons_ok = reasons_ != nullptr && reasons_(device_, &why) == 0;
+    char text[160];
+    std::snprintf(text, sizeof text, "SM clock %s MHz, power %s W, clocks-event reasons %s",
+                  clock_ok ? std::to_string(mhz).c_str() : "?", power_ok ? std::to_string(mw / 1000).c_str() : "?",
+                  reasons_ok ? ("0x" + to_hex(why)).c_str() : "?");
+    return text;
+  }
+
   static std::string json(const Summary& s) {
     char text[200];
     std::snprintf(text, sizeof text,
@@ -107,6 +122,12 @@ class GpuClockSampler {
   }
 
  private:
+  static std::string to_hex(unsigned long long v) {
+    char text[24];
+    std::snprintf(text, sizeof text, "%llx", v);
+    return text;
+  }
+
   void* lib_ = nullptr;
   void* device_ = nullptr;
   int (*clock_)(void*, int, unsigned*) = nullptr;

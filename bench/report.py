@@ -1,7 +1,10 @@
 """Turns the JSON lines of cuda_layer_bench (--json) and bench/torch_reference.py (--json) from
 one device call into the Markdown tables of BENCHMARKS.md.
 
-    python3 bench/report.py bench.json torch.json
+    python3 bench/report.py bench.json [torch.json]
+
+bench.json may hold several runs of the bench (one process per case): each case is measured
+against the rates line that precedes it. Cases PyTorch did not run show "n/a".
 """
 import json
 import sys
@@ -12,21 +15,41 @@ def load(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def main(bench_path, torch_path):
+def ratio(num, den, digits=2):
+    return f"{num / den:.{digits}f}x" if num is not None and den else "n/a"
+
+
+def ms(value):
+    return f"{value:.3f}" if value is not None else "n/a"
+
+
+def main(bench_path, torch_path=None):
     bench = load(bench_path)
-    torch_runs = {(r["shape"], r["tokens"], r["routing"]): r for r in load(torch_path)}
-    rates = next(r for r in bench if r["kind"] == "rates")
-    layers = [r for r in bench if r["kind"] == "layer"]
-    print(f"Rates: cuBLAS bf16 8192^3 {rates['matrix_tflops']:.0f} TFLOP/s, device copy {rates['copy_gbps']:.0f} GB/s.\n")
+    torch_runs = {(r["shape"], r["tokens"], r["routing"]): r for r in load(torch_path)} if torch_path else {}
+    layers, rates, all_rates = [], None, []
+    for r in bench:
+        if r["kind"] == "rates":
+            rates = r
+            all_rates.append(r)
+        elif r["kind"] == "layer":
+            r["rates"] = rates
+            layers.append(r)
+    if not layers:
+        sys.exit(f"{bench_path}: no layer cases")
+    matrix = sorted(r["matrix_tflops"] for r in all_rates)
+    copy = sorted(r["copy_gbps"] for r in all_rates)
+    span = lambda v: f"{v[0]:.0f}" if v[0] == v[-1] else f"{v[0]:.0f}-{v[-1]:.0f}"
+    print(f"Rates ({len(all_rates)} runs of the bench): cuBLAS bf16 8192^3 {span(matrix)} TFLOP/s, device copy "
+          f"{span(copy)} GB/s.\n")
     print("| shape | tokens | routing | tilemoe layer | floor | layer / floor | tilemoe FFN | FFN TFLOP/s | cuBLAS-loop FFN "
           "| PyTorch FFN | PyTorch layer | FFN vs PyTorch | layer vs PyTorch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in layers:
-        t = torch_runs[(r["shape"], r["tokens"], r["routing"])]
+        t = torch_runs.get((r["shape"], r["tokens"], r["routing"]), {})
         print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {r['total_ms']:.3f} | {r['floor_ms']:.3f} "
               f"| {r['total_ms'] / r['floor_ms']:.2f} | {r['ffn_ms']:.3f} | {r['flops'] / r['ffn_ms'] / 1e9:.0f} "
-              f"| {r['cublas_loop_ffn_ms']:.3f} | {t['ffn_ms']:.3f} | {t['layer_ms']:.3f} "
-              f"| {t['ffn_ms'] / r['ffn_ms']:.2f}x | {t['layer_ms'] / r['total_ms']:.2f}x |")
+              f"| {r['cublas_loop_ffn_ms']:.3f} | {ms(t.get('ffn_ms'))} | {ms(t.get('layer_ms'))} "
+              f"| {ratio(t.get('ffn_ms'), r['ffn_ms'])} | {ratio(t.get('layer_ms'), r['total_ms'])} |")
     stages = ["router", "layout", "permute", "gemm0", "activation", "gemm1", "combine"]
     print("\nPer stage (ms):\n")
     print("| shape | tokens | routing | " + " | ".join(stages) + " |")
@@ -46,7 +69,7 @@ def main(bench_path, torch_path):
             cells.append(f"**{cell}**" if c == best else cell)
         print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | " + " | ".join(cells) + " |")
     if "dense_gemm0_ms" in layers[0]:
-        print_ceilings(rates, layers)
+        print_ceilings(layers)
     if "planned_ms" not in layers[0]:
         return
     print("\nThe layer on the planned GEMM (default) vs the same layer on the stock kernels, same call (ms):\n")
@@ -76,10 +99,9 @@ def reasons(clock):
     return ", ".join(name for bit, name in REASONS.items() if bits & bit) or "none"
 
 
-def print_ceilings(rates, layers):
-    mc = rates.get("matrix_clock", {})
-    print(f"\nCeilings of the FFN, same call. The 8192^3 rate was measured at {mc.get('mean_sm_mhz', 0):.0f} MHz "
-          f"({mc.get('mean_watts', 0):.0f} W). Dense = the same FLOPs as one cuBLAS product per GEMM (all rows against one "
+def print_ceilings(layers):
+    clocks = sorted(r["rates"].get("matrix_clock", {}).get("mean_sm_mhz", 0) for r in layers)
+    print(f"\nCeilings of the FFN, same call. The 8192^3 rate was measured at {clocks[0]:.0f}-{clocks[-1]:.0f} MHz. Dense = the same FLOPs as one cuBLAS product per GEMM (all rows against one "
           "expert's weights); padded = each expert's rows rounded up to the 128-row tile, the FLOPs a 128-row tile "
           "kernel computes; clocks are NVML samples while the case was timed.\n")
     print("| shape | tokens | routing | tilemoe FFN | FFN floor | padded-tile floor | rows computed / routed "
@@ -97,4 +119,6 @@ def print_ceilings(rates, layers):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if len(sys.argv) not in (2, 3):
+        sys.exit(__doc__)
+    main(*sys.argv[1:])

@@ -58,6 +58,11 @@ system_nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl.so.2 /{print $NF; exit}')
 
 # the cases the one-GPU targets of the layer name (cuda_layer_bench and torch_reference.py take the same flags)
 target_cases=(--case mixtral-8x7b:16384 --case deepseek-v3:4096)
+# every case of the full sweep (bench/cuda_layer_bench.cu's shapes and token counts)
+bench_cases=()
+for shape in mixtral-8x7b qwen3-30b-a3b deepseek-v3; do
+  for tokens in 512 4096 16384; do bench_cases+=("$shape:$tokens"); done
+done
 
 for step in "${steps[@]}"; do
   case $step in
@@ -75,7 +80,18 @@ for step in "${steps[@]}"; do
     planned-sanitize)
       run_step planned-memcheck timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_planned_gemm" --small
       run_step planned-racecheck timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;
-    bench) run_step bench "$bin/cuda_layer_bench" --json "$out/bench.json" ;;
+    bench)  # one process per shape and token count: a stalled phase (named, exit 3) costs one case, not the sweep
+      : >"$out/bench.json"
+      for case in "${bench_cases[@]}"; do
+        run_step "bench $case" "$bin/cuda_layer_bench" --case "$case" --stall-limit-s 30 --json "$out/bench_case.json"
+        cat "$out/bench_case.json" >>"$out/bench.json" 2>/dev/null
+      done
+      rm -f "$out/bench_case.json" ;;
+    bench-repro)  # the case a sweep sat in for minutes (2026-12-04), three times over, each stall named
+      for run in 1 2 3; do
+        run_step "bench-repro $run" "$bin/cuda_layer_bench" --case qwen3-30b-a3b:16384 --stall-limit-s 30 \
+          --json "$out/bench_repro_$run.json"
+      done ;;
     ep-bench) run_step ep-bench "$bin/ep_exchange_bench" --json "$out/ep_bench.json" ;;
     ep-bench-link)
       run_step ep-bench-link "$bin/ep_exchange_bench" --quick --link-gbps 100 --json "$out/ep_bench_link.json"
@@ -85,7 +101,7 @@ for step in "${steps[@]}"; do
     ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$out/tile_signal_trace" ;;
     cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$out/cli_tile_signal_trace.json" ;;
     bench-focus)  # the cases the one-GPU targets name, with their clocks and ceilings
-      run_step bench-focus "$bin/cuda_layer_bench" "${target_cases[@]}" --json "$out/bench_focus.json" ;;
+      run_step bench-focus "$bin/cuda_layer_bench" "${target_cases[@]}" --raster --stall-limit-s 30 --json "$out/bench_focus.json" ;;
     ncu-gemm)  # hardware counters of the stock and planned GEMM0/GEMM1 at Mixtral 16384 (Firecracker only; gVisor refuses)
       run_step ncu-gemm timeout 240 ncu --clock-control none --kernel-name "regex:device_kernel|planned_gemm_kernel" \
         --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
@@ -147,11 +163,11 @@ for step in "${steps[@]}"; do
     targets)  # the target cases, PyTorch then tilemoe in one call (then DeepSeek-V3 16384, which a cut call lost)
       run_step torch-targets env PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_reference.py "${target_cases[@]}" \
         --case deepseek-v3:16384 --json "$out/torch_targets.json"
-      run_step bench-targets "$bin/cuda_layer_bench" "${target_cases[@]}" --json "$out/bench_targets.json"
-      run_step bench-ds16k timeout 150 "$bin/cuda_layer_bench" --case deepseek-v3:16384 --json "$out/bench_ds16k.json" ;;
+      run_step bench-targets "$bin/cuda_layer_bench" "${target_cases[@]}" --stall-limit-s 30 --json "$out/bench_targets.json"
+      run_step bench-ds16k "$bin/cuda_layer_bench" --case deepseek-v3:16384 --stall-limit-s 30 --json "$out/bench_ds16k.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
     *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
   esac
 done
-grep -E "FAIL|passed|failure|ERROR SUMMARY|measured rates" "$log" | tail -n 40
+grep -E "FAIL|passed|failure|ERROR SUMMARY|measured rates|stalled" "$log" | tail -n 40
 exit $status
