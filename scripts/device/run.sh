@@ -87,6 +87,18 @@ for step in "${steps[@]}"; do
         cat "$out/bench_case.json" >>"$out/bench.json" 2>/dev/null
       done
       rm -f "$out/bench_case.json" ;;
+    stress)  # the planned GEMM launched hundreds of times on fresh row distributions, per cluster and skip setting
+      # (each variant its own process: a stalled launch ends only its own run, exit 3, and names itself)
+      for cl in c2x1 c1x2; do
+        for skip in 1 0; do
+          run_step "stress ds-gemm0 $cl skip $skip" "$bin/planned_gemm_stress" --cluster $cl --skip $skip --groups 256 \
+            --rows 131072 --n 4096 --k 7168 --iterations 150
+          run_step "stress qwen-gemm0 $cl skip $skip" "$bin/planned_gemm_stress" --cluster $cl --skip $skip --groups 128 \
+            --rows 131072 --n 1536 --k 2048 --skew 1.5 --iterations 400
+          run_step "stress qwen-gemm1 $cl skip $skip" "$bin/planned_gemm_stress" --cluster $cl --skip $skip --groups 128 \
+            --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 400
+        done
+      done ;;
     bench-repro)  # the case a sweep sat in for minutes (2026-12-04), three times over, each stall named
       for run in 1 2 3; do
         run_step "bench-repro $run" "$bin/cuda_layer_bench" --case qwen3-30b-a3b:16384 --stall-limit-s 30 \
@@ -169,5 +181,5 @@ for step in "${steps[@]}"; do
     *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
   esac
 done
-grep -E "FAIL|passed|failure|ERROR SUMMARY|measured rates|stalled" "$log" | tail -n 40
+grep -E "FAIL|passed|failure|ERROR SUMMARY|measured rates|stalled|STALL|launches finished" "$log" | tail -n 40
 exit $status
