@@ -333,10 +333,10 @@ int main(int argc, char** argv) {
             cuda::DeviceArray<unsigned long long> d_times(2 * most);
             TILEMOE_CUDA_CHECK(cudaMemset(d_flags.data(), 0, most * 4));
             auto time_table = [&](cuda::PlannedGemm& g, const std::vector<cuda::GemmTileEntry>& t, bool gemm0, bool times,
-                                  bool skip_padding_mma = true) {
+                                  cuda::PaddingMma padding_mma = cuda::PaddingMma::Default) {
               watch(std::string("timing the planned ") + (gemm0 ? "GEMM0" : "GEMM1") + " alone, cluster " +
                     cuda::planned_cluster_name(cl) + (times ? ", with tile times" : "") +
-                    (skip_padding_mma ? "" : ", every MMA issued") + " (" + std::to_string(t.size()) + " entries)");
+                    ", padding MMAs " + cuda::padding_mma_name(padding_mma) + " (" + std::to_string(t.size()) + " entries)");
               const int n = static_cast<int>(t.size());
               TILEMOE_CUDA_CHECK(cudaMemcpy(d_table.data(), t.data(), t.size() * sizeof(t[0]), cudaMemcpyHostToDevice));
               TILEMOE_CUDA_CHECK(cudaMemcpy(d_count.data(), &n, 4, cudaMemcpyHostToDevice));
@@ -352,7 +352,7 @@ int main(int argc, char** argv) {
               r.K = gemm0 ? shape.hidden : shape.ffn;
               r.flags = d_flags.data();
               r.tile_times = times ? d_times.data() : nullptr;
-              r.skip_padding_mma = skip_padding_mma;
+              r.padding_mma = padding_mma;
               std::vector<double> ms;
               for (int run = 0; run < 13; ++run) {
                 const double t_ms = timer.ms(s, [&] { g.run(s, r); });
@@ -366,8 +366,8 @@ int main(int argc, char** argv) {
             const double g1_trace = time_table(p1, t1_flag, false, true);
             const double g0_none2 = time_table(p0, t0_none, true, false), g1_none2 = time_table(p1, t1_none, false, false);
             // the same tiles with every warp group issuing its MMAs, padding rows or not
-            const double g0_all_mma = time_table(p0, t0_none, true, false, false);
-            const double g1_all_mma = time_table(p1, t1_none, false, false, false);
+            const double g0_all_mma = time_table(p0, t0_none, true, false, cuda::PaddingMma::Issue);
+            const double g1_all_mma = time_table(p1, t1_none, false, false, cuda::PaddingMma::Issue);
             // With --raster: the raster of GEMM0's table, its bands in blocks of 4, 8, 16 (each block
             // N tiles outer, bands fastest) instead of the whole group at once: how much of the L2
             // the concurrent tiles share.

@@ -1,10 +1,10 @@
 // Runs the planned GEMM over and over on fresh row distributions and reports the first launch
 // that does not finish within --limit-s, naming the cluster, the skip of padding MMAs, the
-// iteration and the distribution. Why: the layer bench found launches of the c2x1 planned GEMM
+// iteration and the distribution. --padding: default, issue, skip-half, skip-all (PaddingMma). Why: the layer bench found launches of the c2x1 planned GEMM
 // that never finished (2026-12-04, DeepSeek-V3 and Qwen3 shapes at 16384 tokens), a few in a
 // hundred; this tool separates the variants, each in its own process, and counts.
 //
-//   planned_gemm_stress --cluster c2x1 --skip 1 --groups 256 --rows 131072 --n 4096 --k 7168
+//   planned_gemm_stress --cluster c2x1 --padding skip-all --groups 256 --rows 131072 --n 4096 --k 7168
 //                       [--skew S] [--epilogue swiglu|store] [--iterations I] [--limit-s L]
 // --skew 0 draws each row's group uniformly; S > 0 with weight (g + 1)^-S (the bench's skewed
 // routing is about S = 1.5). Exit 0: every launch finished; 3: one stalled; 2: bad arguments.
@@ -32,14 +32,14 @@ namespace {
 struct Options {
   cuda::PlannedCluster cluster = cuda::PlannedCluster::M2;
   cuda::PlannedEpilogue epilogue = cuda::PlannedEpilogue::SwiGLU;
-  bool skip = true;
+  cuda::PaddingMma padding = cuda::PaddingMma::Default;
   int groups = 256, rows = 131072, n = 4096, k = 7168, iterations = 300;
   double skew = 0, limit_s = 10;
 };
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
-               "planned_gemm_stress: %s\nusage: planned_gemm_stress [--cluster c2x1|c1x2] [--skip 0|1] [--groups G] "
+               "planned_gemm_stress: %s\nusage: planned_gemm_stress [--cluster c2x1|c1x2] [--padding MODE] [--groups G] "
                "[--rows R] [--n N] [--k K] [--skew S] [--epilogue swiglu|store] [--iterations I] [--limit-s L]\n",
                why);
   std::exit(2);
@@ -57,8 +57,12 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--epilogue") {
       if (value != "swiglu" && value != "store") usage("--epilogue is swiglu or store");
       o.epilogue = value == "swiglu" ? cuda::PlannedEpilogue::SwiGLU : cuda::PlannedEpilogue::Store;
-    } else if (flag == "--skip") {
-      o.skip = value != "0";
+    } else if (flag == "--padding") {
+      if (value == "default") o.padding = cuda::PaddingMma::Default;
+      else if (value == "issue") o.padding = cuda::PaddingMma::Issue;
+      else if (value == "skip-half") o.padding = cuda::PaddingMma::SkipHalfTiles;
+      else if (value == "skip-all") o.padding = cuda::PaddingMma::SkipAll;
+      else usage("--padding is default, issue, skip-half or skip-all");
     } else if (flag == "--groups") {
       o.groups = std::atoi(value.c_str());
     } else if (flag == "--rows") {
@@ -113,6 +117,7 @@ std::string describe(const std::vector<int>& offsets) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const char* cluster_name = cuda::planned_cluster_name(o.cluster);
+  const char* padding = cuda::padding_mma_name(o.padding);
   try {
     cudaStream_t s;
     TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -128,8 +133,8 @@ int main(int argc, char** argv) {
     cudaEvent_t done;
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     std::mt19937_64 rng(std::random_device{}());
-    std::printf("planned_gemm_stress: %s, skip %d, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs\n",
-                cluster_name, int(o.skip), o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas());
+    std::printf("planned_gemm_stress: %s, padding MMAs %s, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs\n",
+                cluster_name, padding, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas());
     const auto started = std::chrono::steady_clock::now();
     for (int it = 0; it < o.iterations; ++it) {
       const std::vector<int> offsets = draw_offsets(o, rng);
@@ -149,7 +154,7 @@ int main(int argc, char** argv) {
       r.D = D.data();
       r.N = o.n;
       r.K = o.k;
-      r.skip_padding_mma = o.skip;
+      r.padding_mma = o.padding;
       gemm.run(s, r);
       TILEMOE_CUDA_CHECK(cudaEventRecord(done, s));
       const auto launched = std::chrono::steady_clock::now();
@@ -159,9 +164,9 @@ int main(int argc, char** argv) {
         if (q != cudaErrorNotReady) TILEMOE_CUDA_CHECK(q);
         const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - launched).count();
         if (waited > o.limit_s) {
-          std::printf("planned_gemm_stress: STALL: launch %d of %d (%s, skip %d, %d entries) has not finished after %.0f s; "
+          std::printf("planned_gemm_stress: STALL: launch %d of %d (%s, padding MMAs %s, %d entries) has not finished after %.0f s; "
                       "%s\n",
-                      it + 1, o.iterations, cluster_name, int(o.skip), entries, waited, describe(offsets).c_str());
+                      it + 1, o.iterations, cluster_name, padding, entries, waited, describe(offsets).c_str());
           std::fflush(stdout);
           std::_Exit(3);
         }
@@ -169,7 +174,7 @@ int main(int argc, char** argv) {
       }
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    std::printf("planned_gemm_stress: %s, skip %d: %d of %d launches finished (%.1f s)\n", cluster_name, int(o.skip),
+    std::printf("planned_gemm_stress: %s, padding MMAs %s: %d of %d launches finished (%.1f s)\n", cluster_name, padding,
                 o.iterations, o.iterations, wall);
     cudaEventDestroy(done);
     cudaStreamDestroy(s);

@@ -87,18 +87,23 @@ for step in "${steps[@]}"; do
         cat "$out/bench_case.json" >>"$out/bench.json" 2>/dev/null
       done
       rm -f "$out/bench_case.json" ;;
-    stress)  # the planned GEMM launched hundreds of times on fresh row distributions, per cluster and skip setting
-      # (each variant its own process: a stalled launch ends only its own run, exit 3, and names itself)
-      for cl in c2x1 c1x2; do
-        for skip in 1 0; do
-          run_step "stress ds-gemm0 $cl skip $skip" "$bin/planned_gemm_stress" --cluster $cl --skip $skip --groups 256 \
-            --rows 131072 --n 4096 --k 7168 --iterations 150
-          run_step "stress qwen-gemm0 $cl skip $skip" "$bin/planned_gemm_stress" --cluster $cl --skip $skip --groups 128 \
-            --rows 131072 --n 1536 --k 2048 --skew 1.5 --iterations 400
-          run_step "stress qwen-gemm1 $cl skip $skip" "$bin/planned_gemm_stress" --cluster $cl --skip $skip --groups 128 \
-            --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 400
-        done
+    stress)  # the planned GEMM launched hundreds of times on fresh row distributions, per cluster and padding-MMA mode
+      # (each variant its own process: a stalled launch ends only its own run, exit 3, and names itself).
+      # c2x1 skip-all hung in 2026-12-04's first run: it is tried last, outside the step's verdict.
+      for variant in "c2x1 default" "c1x2 default" "c2x1 skip-half"; do
+        set -- $variant
+        run_step "stress ds-gemm0 $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 --groups 256 \
+          --rows 131072 --n 4096 --k 7168 --iterations 200
+        run_step "stress qwen-gemm0 $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 --groups 128 \
+          --rows 131072 --n 1536 --k 2048 --skew 1.5 --iterations 600
+        run_step "stress qwen-gemm1 $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 --groups 128 \
+          --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 600
       done ;;
+    stress-known-hang)  # the variant that hung, to see that the stress still finds it
+      keep=$status
+      run_step "stress qwen-gemm0 c2x1 skip-all" "$bin/planned_gemm_stress" --cluster c2x1 --padding skip-all --groups 128 \
+        --rows 131072 --n 1536 --k 2048 --skew 1.5 --iterations 600 --limit-s 5
+      status=$keep ;;
     bench-repro)  # the case a sweep sat in for minutes (2026-12-04), three times over, each stall named
       for run in 1 2 3; do
         run_step "bench-repro $run" "$bin/cuda_layer_bench" --case qwen3-30b-a3b:16384 --stall-limit-s 30 \

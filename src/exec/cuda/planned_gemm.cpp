@@ -40,6 +40,16 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 }  // namespace
 
+const char* padding_mma_name(PaddingMma mode) {
+  switch (mode) {
+    case PaddingMma::Default: return "default";
+    case PaddingMma::Issue: return "issue";
+    case PaddingMma::SkipHalfTiles: return "skip-half";
+    case PaddingMma::SkipAll: return "skip-all";
+  }
+  return "?";
+}
+
 PlannedGemm::PlannedGemm(PlannedCluster cluster, PlannedEpilogue epilogue, int max_groups, int device, int sm_limit)
     : backend_(std::make_unique<Backend>()), cluster_(cluster), epilogue_(epilogue), max_groups_(max_groups) {
   if (max_groups <= 0) throw_bad_input("planned GEMM: max_groups must be positive");

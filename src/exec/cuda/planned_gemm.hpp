@@ -86,6 +86,19 @@ std::vector<GemmTileEntry> build_tile_table(const std::vector<int>& row_offset, 
 void check_tile_table(const std::vector<GemmTileEntry>& table, int groups, int a_rows, int N, PlannedCluster cluster,
                       int flag_count);
 
+// Whether a warp group whose 64 rows of a tile are all padding skips its MMAs (it consumes the
+// stages without computing, so the other warp group has the tensor cores; the output bits are
+// the same either way).
+//  Default:       SkipAll on c1x2 clusters, Issue on c2x1. c2x1 with SkipAll hung about one
+//                 launch in 20-170 at 16384-token shapes (planned_gemm_stress, 2026-12-04; the
+//                 cause is not found, c1x2 ran 950 launches clean). NOTES.md has the details.
+//  Issue:         every warp group issues its MMAs.
+//  SkipHalfTiles: only the second warp group of a band of <= 64 rows; a c2x1 cluster's padding
+//                 mate (rows = 0) computes on its copy of the partner's rows.
+//  SkipAll:       both, and the padding mate's two warp groups.
+enum class PaddingMma { Default, Issue, SkipHalfTiles, SkipAll };
+const char* padding_mma_name(PaddingMma mode);  // "default", "issue", "skip-half", "skip-all"
+
 struct PlannedGemmRun {
   const GemmTileEntry* table = nullptr;  // device
   const int* count = nullptr;            // device: number of entries (a multiple of the cluster size)
@@ -98,8 +111,7 @@ struct PlannedGemmRun {
   unsigned* flags = nullptr;                    // device; nullptr: no flags raised
   unsigned long long* tile_times = nullptr;     // optional device [2 * entries]: globaltimer at the
                                                 // start of the tile's MMAs and after its flag
-  bool skip_padding_mma = true;                 // a warp group whose 64 rows are all padding issues
-                                                // no MMAs (false: A/B measurements only)
+  PaddingMma padding_mma = PaddingMma::Default;  // see PaddingMma (others: A/B measurements, stress)
 };
 
 class PlannedGemm {

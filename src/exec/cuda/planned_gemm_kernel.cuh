@@ -89,7 +89,7 @@ struct PlannedGemmTypes {
     __nv_bfloat16* D;
     unsigned* flags;
     unsigned long long* tile_times;
-    bool skip_padding_mma;
+    int padding_skip;  // 0 none, 1 half tiles only (rows > 0), 2 all (PaddingMma, resolved on the host)
   };
 };
 
@@ -220,7 +220,8 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     if (params.tile_times != nullptr && mma_thread == 0) params.tile_times[2 * index] = planned_globaltimer();
 
     Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-    if (params.skip_padding_mma && mma_thread / 128 * kRowsPerWarpGroup >= e.rows) {
+    const bool padding_half = mma_thread / 128 * kRowsPerWarpGroup >= e.rows;
+    if (padding_half && (params.padding_skip == 2 || (params.padding_skip == 1 && e.rows > 0))) {
       // Every row of this warp group's half is padding (a band of <= 64 rows, or a cluster's
       // padding mate): consume the stages without MMAs, so the other warp group has the tensor
       // cores to itself (the tile takes about half the time) and the loads, which a cluster
@@ -348,6 +349,12 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
 
   int grid_ctas() const override { return clusters_ * Types::kClusterSize; }
 
+  // PaddingMma::Default resolved for this cluster shape (see planned_gemm.hpp for why).
+  static int padding_skip(PaddingMma mode) {
+    if (mode == PaddingMma::Default) mode = Types::kClusterM > 1 ? PaddingMma::Issue : PaddingMma::SkipAll;
+    return mode == PaddingMma::SkipAll ? 2 : mode == PaddingMma::SkipHalfTiles ? 1 : 0;
+  }
+
   void run(cudaStream_t stream, const PlannedGemmRun& r) override {
     planned_gemm_setup_kernel<Stride><<<(r.groups + 127) / 128, 128, 0, stream>>>(
         r.groups, reinterpret_cast<const Element*>(r.A), r.a_rows, reinterpret_cast<const Element*>(r.B), r.N, r.K,
@@ -355,7 +362,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.tile_times, r.skip_padding_mma};
+                                  r.D, r.flags, r.tile_times, padding_skip(r.padding_mma)};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
