@@ -101,7 +101,8 @@ def reasons(clock):
 
 def print_ceilings(layers):
     clocks = sorted(r["rates"].get("matrix_clock", {}).get("mean_sm_mhz", 0) for r in layers)
-    print(f"\nCeilings of the FFN, same call. The 8192^3 rate was measured at {clocks[0]:.0f}-{clocks[-1]:.0f} MHz. Dense = the same FLOPs as one cuBLAS product per GEMM (all rows against one "
+    at = f"{clocks[0]:.0f}" if clocks[0] == clocks[-1] else f"{clocks[0]:.0f}-{clocks[-1]:.0f}"
+    print(f"\nCeilings of the FFN, same call. The 8192^3 rate was measured at {at} MHz. Dense = the same FLOPs as one cuBLAS product per GEMM (all rows against one "
           "expert's weights); padded = each expert's rows rounded up to the 128-row tile, the FLOPs a 128-row tile "
           "kernel computes; clocks are NVML samples while the case was timed.\n")
     print("| shape | tokens | routing | tilemoe FFN | FFN floor | padded-tile floor | rows computed / routed "
