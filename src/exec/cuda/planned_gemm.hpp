@@ -91,7 +91,7 @@ void check_tile_table(const std::vector<GemmTileEntry>& table, int groups, int a
 // the same either way).
 //  Default:       SkipAll on c1x2 clusters, Issue on c2x1. c2x1 with SkipAll hung about one
 //                 launch in 20-170 at 16384-token shapes (planned_gemm_stress, 2026-12-04; the
-//                 cause is not found, c1x2 ran 950 launches clean). NOTES.md has the details.
+//                 cause is not found; c1x2 with the skip ran 2800 launches clean). NOTES.md.
 //  Issue:         every warp group issues its MMAs.
 //  SkipHalfTiles: only the second warp group of a band of <= 64 rows; a c2x1 cluster's padding
 //                 mate (rows = 0) computes on its copy of the partner's rows.
