@@ -81,8 +81,12 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
     m.gemm1 = std::make_unique<GroupedGemm>(config, static_cast<int>(experts), device);
     return;
   }
-  // The planned GEMM has 128 x 256 tiles only; the cluster follows the same measurements.
-  const PlannedCluster cluster = config == GemmConfig::Coop128x256Cluster2x1 ? PlannedCluster::M2 : PlannedCluster::N2;
+  // The planned GEMM has 128 x 256 tiles only, always on a 1x2 cluster. The stock kernels'
+  // rule above picks 2x1 at Qwen3-like shapes (>= 1024 rows per expert, short ffn), but the
+  // planned GEMM alone on the same rows was faster on 1x2 there in both calls that timed both
+  // (BENCHMARKS.md, second and fourth cut: Qwen3 16384 GEMM0 1.460 vs 1.517 and 1.338 vs 1.470
+  // ms), and on 2x1 it cannot skip padding MMAs (PaddingMma: that variant can hang).
+  const PlannedCluster cluster = PlannedCluster::N2;
   const std::int64_t cap0 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(m.gemm0_n), cluster);
   const std::int64_t cap1 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(H), cluster);
   if (cap0 > INT_MAX || cap1 > INT_MAX) throw_bad_input("the layer is too large for one tile table");

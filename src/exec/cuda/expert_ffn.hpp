@@ -34,7 +34,7 @@ class ExpertFfn {
  public:
   // `experts` experts of `layer`'s shape, the first being global expert `first_expert`, for at
   // most `max_rows` rows per run. `rows_per_expert` is the expected load, which picks the
-  // GEMM cluster shape.
+  // stock kernels' configuration (the planned path always runs on 1x2 clusters).
   ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int64_t experts, std::int64_t max_rows,
             double rows_per_expert, GemmPath path, int device, ExpertFfnOptions options = {});
   ~ExpertFfn();
