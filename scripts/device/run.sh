@@ -9,7 +9,7 @@ export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of th
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost ts-bench cli-ts torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned stress layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost ts-bench cli-ts torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
