@@ -137,20 +137,23 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--raster")) {
       raster_sweep = true;
     } else if (!std::strcmp(argv[i], "--stall-limit-s") && i + 1 < argc) {
-      stall_limit_s = std::atof(argv[++i]);
-      if (!(stall_limit_s > 0)) {
-        std::fprintf(stderr, "--stall-limit-s wants a positive number of seconds, not '%s'\n", argv[i]);
+      const char* text = argv[++i];
+      char* end = nullptr;
+      stall_limit_s = std::strtod(text, &end);
+      if (end == text || *end != '\0' || !(stall_limit_s > 0 && stall_limit_s <= 3600)) {
+        std::fprintf(stderr, "--stall-limit-s wants seconds in (0, 3600], not '%s'\n", text);
         return 2;
       }
     } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
       const std::string text = argv[++i];
       const std::size_t colon = text.find(':');
-      const int tokens = colon == std::string::npos ? 0 : std::atoi(text.c_str() + colon + 1);
-      if (tokens <= 0) {
+      char* end = nullptr;
+      const long tokens = colon == std::string::npos ? 0 : std::strtol(text.c_str() + colon + 1, &end, 10);
+      if (tokens <= 0 || tokens > (1 << 24) || *end != '\0') {
         std::fprintf(stderr, "--case wants NAME:TOKENS (e.g. mixtral-8x7b:16384), not '%s'\n", text.c_str());
         return 2;
       }
-      only_cases.emplace_back(text.substr(0, colon), tokens);
+      only_cases.emplace_back(text.substr(0, colon), static_cast<int>(tokens));
     } else {
       std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case NAME:TOKENS ...] [--raster] [--stall-limit-s S]"
                    " (unknown: %s)\n",
@@ -210,7 +213,8 @@ int main(int argc, char** argv) {
       for (int tokens : token_counts) {
         if (!wanted(shape, tokens)) continue;
         ++cases_run;
-        case_label = std::string(shape.name) + " " + std::to_string(tokens) + ": ";
+        const std::string shape_label = std::string(shape.name) + " " + std::to_string(tokens) + ": ";
+        case_label = shape_label;
         watch("building the layers (random weights on the device)");
         MoeConfig config;
         config.tokens = tokens;
@@ -443,10 +447,12 @@ int main(int argc, char** argv) {
             std::fflush(json);
           }
         }
+        case_label = shape_label;
         watch("freeing the logits and the layers");
         cudaFree(logits);
       }
     }
+    case_label.clear();
     watch("finishing");
     if (cases_run < std::max<std::size_t>(1, only_cases.size())) {
       std::fprintf(stderr, "%zu of the %zu --case arguments name a known shape and token count (512, 4096, 16384)\n",

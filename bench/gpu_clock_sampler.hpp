@@ -105,11 +105,11 @@ class GpuClockSampler {
     const bool clock_ok = clock_(device_, /*NVML_CLOCK_SM*/ 1, &mhz) == 0;
     const bool power_ok = power_(device_, &mw) == 0;
     const bool reasons_ok = reasons_ != nullptr && reasons_(device_, &why) == 0;
-    char text[160];
-    std::snprintf(text, sizeof text, "SM clock %s MHz, power %s W, clocks-event reasons %s",
-                  clock_ok ? std::to_string(mhz).c_str() : "?", power_ok ? std::to_string(mw / 1000).c_str() : "?",
-                  reasons_ok ? ("0x" + to_hex(why)).c_str() : "?");
-    return text;
+    const std::string clock = clock_ok ? std::to_string(mhz) : "?";
+    const std::string power = power_ok ? std::to_string(mw / 1000) : "?";
+    char reasons[24] = "?";
+    if (reasons_ok) std::snprintf(reasons, sizeof reasons, "0x%llx", why);
+    return "SM clock " + clock + " MHz, power " + power + " W, clocks-event reasons " + reasons;
   }
 
   static std::string json(const Summary& s) {
@@ -122,12 +122,6 @@ class GpuClockSampler {
   }
 
  private:
-  static std::string to_hex(unsigned long long v) {
-    char text[24];
-    std::snprintf(text, sizeof text, "%llx", v);
-    return text;
-  }
-
   void* lib_ = nullptr;
   void* device_ = nullptr;
   int (*clock_)(void*, int, unsigned*) = nullptr;

@@ -1,5 +1,5 @@
 #pragma once
-// Bounds every wait of a benchmark. The bench names what it is about to do (enter("case:
+// Bounds the time between a benchmark's named phases. The bench names what it is about to do (enter("case:
 // phase")); a thread checks that no phase runs longer than the limit. When one does, it prints
 // the phase and how long it has run, then the GPU's clock, power and clocks-event reasons (a
 // throttled card and a stalled kernel read differently), and ends the process with exit code 3.
@@ -53,7 +53,7 @@ class PhaseWatchdog {
       if (done_) return;
       const double ran = std::chrono::duration<double>(Clock::now() - entered_).count();
       if (ran < limit_) continue;
-      std::fprintf(stderr, "%s: stalled: '%s' has run for %.0f s (limit %.0f s)\n", program_, phase_.c_str(), ran, limit_);
+      std::fprintf(stderr, "%s: stalled: '%s' has run for %.1f s (limit %.1f s)\n", program_, phase_.c_str(), ran, limit_);
       std::fflush(stderr);
       lock.unlock();
       auto report = std::make_shared<std::string>();

@@ -1,20 +1,24 @@
 // Runs the planned GEMM over and over on fresh row distributions and reports the first launch
-// that does not finish within --limit-s, naming the cluster, the skip of padding MMAs, the
-// iteration and the distribution. --padding: default, issue, skip-half, skip-all (PaddingMma). Why: the layer bench found launches of the c2x1 planned GEMM
-// that never finished (2026-12-04, DeepSeek-V3 and Qwen3 shapes at 16384 tokens), a few in a
+// that does not finish within --limit-s, naming the cluster, the padding-MMA mode (--padding:
+// default, issue, skip-half, skip-all; see PaddingMma), the iteration and the distribution.
+// Why: the layer bench found launches of the c2x1 planned GEMM that never finished (2026-12-04, DeepSeek-V3 and Qwen3 shapes at 16384 tokens), a few in a
 // hundred; this tool separates the variants, each in its own process, and counts.
 //
 //   planned_gemm_stress --cluster c2x1 --padding skip-all --groups 256 --rows 131072 --n 4096 --k 7168
 //                       [--skew S] [--epilogue swiglu|store] [--iterations I] [--limit-s L]
 // --skew 0 draws each row's group uniformly; S > 0 with weight (g + 1)^-S (the bench's skewed
-// routing is about S = 1.5). Exit 0: every launch finished; 3: one stalled; 2: bad arguments.
+// routing is about S = 1.5). Exit 0: every launch finished; 3: one stalled; 2: bad arguments;
+// 1: a CUDA error.
 #include <cuda_runtime.h>
 
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -37,53 +41,34 @@ struct Options {
   double skew = 0, limit_s = 10;
 };
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "planned_gemm_stress: %s\nusage: planned_gemm_stress [--cluster c2x1|c1x2] [--padding MODE] [--groups G] "
-               "[--rows R] [--n N] [--k K] [--skew S] [--epilogue swiglu|store] [--iterations I] [--limit-s L]\n",
-               why);
-  std::exit(2);
-}
-
+// Typed options with ranges (CLI11): a bad value is refused with exit code 2, never read as 0.
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (i + 1 >= argc) usage(("no value after " + flag).c_str());
-    const std::string value = argv[++i];
-    if (flag == "--cluster") {
-      if (value != "c2x1" && value != "c1x2") usage("--cluster is c2x1 or c1x2");
-      o.cluster = value == "c2x1" ? cuda::PlannedCluster::M2 : cuda::PlannedCluster::N2;
-    } else if (flag == "--epilogue") {
-      if (value != "swiglu" && value != "store") usage("--epilogue is swiglu or store");
-      o.epilogue = value == "swiglu" ? cuda::PlannedEpilogue::SwiGLU : cuda::PlannedEpilogue::Store;
-    } else if (flag == "--padding") {
-      if (value == "default") o.padding = cuda::PaddingMma::Default;
-      else if (value == "issue") o.padding = cuda::PaddingMma::Issue;
-      else if (value == "skip-half") o.padding = cuda::PaddingMma::SkipHalfTiles;
-      else if (value == "skip-all") o.padding = cuda::PaddingMma::SkipAll;
-      else usage("--padding is default, issue, skip-half or skip-all");
-    } else if (flag == "--groups") {
-      o.groups = std::atoi(value.c_str());
-    } else if (flag == "--rows") {
-      o.rows = std::atoi(value.c_str());
-    } else if (flag == "--n") {
-      o.n = std::atoi(value.c_str());
-    } else if (flag == "--k") {
-      o.k = std::atoi(value.c_str());
-    } else if (flag == "--iterations") {
-      o.iterations = std::atoi(value.c_str());
-    } else if (flag == "--skew") {
-      o.skew = std::atof(value.c_str());
-    } else if (flag == "--limit-s") {
-      o.limit_s = std::atof(value.c_str());
-    } else {
-      usage(("unknown flag " + flag).c_str());
-    }
-  }
-  if (o.groups < 1 || o.rows < 1 || o.n < 16 || o.n % 16 || o.k < 8 || o.k % 8 || o.iterations < 1 || o.skew < 0 ||
-      !(o.limit_s > 0)) {
-    usage("groups, rows, iterations >= 1; n a multiple of 16; k a multiple of 8; skew >= 0; limit-s > 0");
+  CLI::App app{"planned_gemm_stress: the planned GEMM launched over and over, each launch's wait bounded"};
+  const std::map<std::string, cuda::PlannedCluster> clusters{{"c2x1", cuda::PlannedCluster::M2},
+                                                             {"c1x2", cuda::PlannedCluster::N2}};
+  const std::map<std::string, cuda::PlannedEpilogue> epilogues{{"swiglu", cuda::PlannedEpilogue::SwiGLU},
+                                                               {"store", cuda::PlannedEpilogue::Store}};
+  const std::map<std::string, cuda::PaddingMma> paddings{{"default", cuda::PaddingMma::Default},
+                                                         {"issue", cuda::PaddingMma::Issue},
+                                                         {"skip-half", cuda::PaddingMma::SkipHalfTiles},
+                                                         {"skip-all", cuda::PaddingMma::SkipAll}};
+  app.add_option("--cluster", o.cluster, "c2x1 or c1x2")->transform(CLI::CheckedTransformer(clusters));
+  app.add_option("--epilogue", o.epilogue, "swiglu or store")->transform(CLI::CheckedTransformer(epilogues));
+  app.add_option("--padding", o.padding, "padding MMAs: default, issue, skip-half, skip-all")
+      ->transform(CLI::CheckedTransformer(paddings));
+  app.add_option("--groups", o.groups, "groups (experts)")->check(CLI::Range(1, 4096));
+  app.add_option("--rows", o.rows, "rows of A")->check(CLI::Range(1, 1 << 24));
+  app.add_option("--n", o.n, "N (a multiple of 16)")->check(CLI::Range(16, 1 << 16));
+  app.add_option("--k", o.k, "K (a multiple of 8)")->check(CLI::Range(8, 1 << 16));
+  app.add_option("--iterations", o.iterations, "launches")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--skew", o.skew, "0: uniform groups; S > 0: weight (g + 1)^-S")->check(CLI::Range(0.0, 16.0));
+  app.add_option("--limit-s", o.limit_s, "seconds a launch may take")->check(CLI::Range(0.001, 3600.0));
+  try {
+    app.parse(argc, argv);
+    if (o.n % 16 != 0 || o.k % 8 != 0) throw CLI::ValidationError("--n must be a multiple of 16 and --k of 8");
+  } catch (const CLI::Error& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
   return o;
 }
@@ -140,7 +125,6 @@ int main(int argc, char** argv) {
       const std::vector<int> offsets = draw_offsets(o, rng);
       const auto host_table = cuda::build_tile_table(offsets, o.n, o.cluster, cuda::TileFlags::None);
       const int entries = static_cast<int>(host_table.size());
-      // the host copies wait for the previous launch: they are where a stalled launch would block
       TILEMOE_CUDA_CHECK(cudaMemcpyAsync(table.data(), host_table.data(), host_table.size() * sizeof(host_table[0]),
                                          cudaMemcpyHostToDevice, s));
       TILEMOE_CUDA_CHECK(cudaMemcpyAsync(count.data(), &entries, 4, cudaMemcpyHostToDevice, s));

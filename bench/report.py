@@ -15,6 +15,12 @@ def load(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def span(values):
+    """'lo-hi' of the values, or one value when they agree (rounded to whole numbers)."""
+    v = sorted(values)
+    return f"{v[0]:.0f}" if round(v[0]) == round(v[-1]) else f"{v[0]:.0f}-{v[-1]:.0f}"
+
+
 def ratio(num, den, digits=2):
     return f"{num / den:.{digits}f}x" if num is not None and den else "n/a"
 
@@ -32,15 +38,15 @@ def main(bench_path, torch_path=None):
             rates = r
             all_rates.append(r)
         elif r["kind"] == "layer":
+            if rates is None:
+                sys.exit(f"{bench_path}: a layer case before any rates line")
             r["rates"] = rates
             layers.append(r)
     if not layers:
         sys.exit(f"{bench_path}: no layer cases")
-    matrix = sorted(r["matrix_tflops"] for r in all_rates)
-    copy = sorted(r["copy_gbps"] for r in all_rates)
-    span = lambda v: f"{v[0]:.0f}" if v[0] == v[-1] else f"{v[0]:.0f}-{v[-1]:.0f}"
-    print(f"Rates ({len(all_rates)} runs of the bench): cuBLAS bf16 8192^3 {span(matrix)} TFLOP/s, device copy "
-          f"{span(copy)} GB/s.\n")
+    runs = f"{len(all_rates)} run{'s' if len(all_rates) > 1 else ''} of the bench"
+    print(f"Rates ({runs}): cuBLAS bf16 8192^3 {span(r['matrix_tflops'] for r in all_rates)} TFLOP/s, device copy "
+          f"{span(r['copy_gbps'] for r in all_rates)} GB/s.\n")
     print("| shape | tokens | routing | tilemoe layer | floor | layer / floor | tilemoe FFN | FFN TFLOP/s | cuBLAS-loop FFN "
           "| PyTorch FFN | PyTorch layer | FFN vs PyTorch | layer vs PyTorch |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -100,8 +106,7 @@ def reasons(clock):
 
 
 def print_ceilings(layers):
-    clocks = sorted(r["rates"].get("matrix_clock", {}).get("mean_sm_mhz", 0) for r in layers)
-    at = f"{clocks[0]:.0f}" if clocks[0] == clocks[-1] else f"{clocks[0]:.0f}-{clocks[-1]:.0f}"
+    at = span(r["rates"].get("matrix_clock", {}).get("mean_sm_mhz", 0) for r in layers)
     print(f"\nCeilings of the FFN, same call. The 8192^3 rate was measured at {at} MHz. Dense = the same FLOPs as one cuBLAS product per GEMM (all rows against one "
           "expert's weights); padded = each expert's rows rounded up to the 128-row tile, the FLOPs a 128-row tile "
           "kernel computes; clocks are NVML samples while the case was timed.\n")

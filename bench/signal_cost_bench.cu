@@ -83,10 +83,8 @@ int main(int argc, char** argv) {
             for (int q = 0; q < ranks; ++q) block[static_cast<std::size_t>(g * ranks + q)] = lo + n * q / ranks;
           }
           block.back() = rows;
-          // the cluster the layer picks for this load (expert_ffn.cu's rule)
-          const double per_expert = double(rows) / groups;
-          const cuda::PlannedCluster cluster =
-              per_expert >= 1024 && shape.ffn <= 2048 ? cuda::PlannedCluster::M2 : cuda::PlannedCluster::N2;
+          // the cluster the layers run the planned GEMM on (ExpertFfn: always 1x2)
+          const cuda::PlannedCluster cluster = cuda::PlannedCluster::N2;
           const std::size_t a_count = std::size_t(rows) * shape.ffn, b_count = std::size_t(groups) * shape.hidden * shape.ffn,
                             d_count = std::size_t(rows) * shape.hidden;
           cuda::DeviceArray<__nv_bfloat16> A(a_count), B(b_count), D(d_count);

@@ -19,7 +19,7 @@ TEST(PhaseWatchdog, StallNamesThePhaseAndExits) {
         watchdog.enter("case A: the stuck phase");
         std::this_thread::sleep_for(10s);
       },
-      ::testing::ExitedWithCode(3), "bench: stalled: 'case A: the stuck phase' has run for [0-9]+ s.*\n.*SM clock 1980 MHz");
+      ::testing::ExitedWithCode(3), "bench: stalled: 'case A: the stuck phase' has run for [0-9.]+ s.*\n.*SM clock 1980 MHz");
 }
 
 TEST(PhaseWatchdog, AStalledStateQueryStillExits) {

@@ -67,7 +67,7 @@ done
 for step in "${steps[@]}"; do
   case $step in
     gemm) run_step gemm "$bin/test_grouped_gemm" ;;
-    planned) run_step planned "$bin/test_planned_gemm" ;;
+    planned) run_step planned timeout 300 "$bin/test_planned_gemm" ;;
     layer) run_step layer "$bin/test_moe_layer" ;;
     ep) run_step ep "$bin/test_ep_layer" --no-tile-signal
       run_step ep-tile-signal "$bin/test_ep_layer" ;;
@@ -83,26 +83,29 @@ for step in "${steps[@]}"; do
     bench)  # one process per shape and token count: a stalled phase (named, exit 3) costs one case, not the sweep
       : >"$out/bench.json"
       for case in "${bench_cases[@]}"; do
-        run_step "bench $case" "$bin/cuda_layer_bench" --case "$case" --stall-limit-s 30 --json "$out/bench_case.json"
+        rm -f "$out/bench_case.json"  # a run that dies before writing must not repeat the previous case
+        # the watchdog bounds the phases; the outer timeout also covers start-up and teardown
+        run_step "bench $case" timeout 300 "$bin/cuda_layer_bench" --case "$case" --stall-limit-s 30 --json "$out/bench_case.json"
         cat "$out/bench_case.json" >>"$out/bench.json" 2>/dev/null
       done
       rm -f "$out/bench_case.json" ;;
-    stress)  # the planned GEMM launched hundreds of times on fresh row distributions, per cluster and padding-MMA mode
-      # (each variant its own process: a stalled launch ends only its own run, exit 3, and names itself).
-      # c2x1 skip-all hung in 2026-12-04's first run: it is tried last, outside the step's verdict.
-      for variant in "c2x1 default" "c1x2 default" "c2x1 skip-half"; do
-        set -- $variant
-        run_step "stress ds-gemm0 $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 --groups 256 \
+    stress)  # the planned GEMM launched hundreds of times on fresh row distributions, default padding-MMA mode,
+      # both clusters (each variant its own process: a stalled launch ends only its own run, exit 3, and names itself)
+      for cluster in c2x1 c1x2; do
+        run_step "stress ds-gemm0 $cluster" "$bin/planned_gemm_stress" --cluster $cluster --groups 256 \
           --rows 131072 --n 4096 --k 7168 --iterations 200
-        run_step "stress qwen-gemm0 $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 --groups 128 \
+        run_step "stress qwen-gemm0 $cluster" "$bin/planned_gemm_stress" --cluster $cluster --groups 128 \
           --rows 131072 --n 1536 --k 2048 --skew 1.5 --iterations 600
-        run_step "stress qwen-gemm1 $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 --groups 128 \
+        run_step "stress qwen-gemm1 $cluster" "$bin/planned_gemm_stress" --cluster $cluster --groups 128 \
           --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 600
       done ;;
-    stress-known-hang)  # the variant that hung, to see that the stress still finds it
+    stress-known-hang)  # the c2x1 skips that hung (2026-12-04), outside the call's verdict: does the stress still find them?
       keep=$status
-      run_step "stress qwen-gemm0 c2x1 skip-all" "$bin/planned_gemm_stress" --cluster c2x1 --padding skip-all --groups 128 \
-        --rows 131072 --n 1536 --k 2048 --skew 1.5 --iterations 600 --limit-s 5
+      for padding in skip-all skip-half; do
+        run_step "stress-known-hang c2x1 $padding" "$bin/planned_gemm_stress" --cluster c2x1 --padding $padding \
+          --groups 256 --rows 131072 --n 4096 --k 7168 --iterations 300 --limit-s 5
+      done
+      grep -c "STALL: .*c2x1" "$log" | sed 's/^/== stress-known-hang: stalls found in this log: /' | tee -a "$log"
       status=$keep ;;
     bench-repro)  # the case a sweep sat in for minutes (2026-12-04), three times over, each stall named
       for run in 1 2 3; do
@@ -181,7 +184,7 @@ for step in "${steps[@]}"; do
       run_step torch-targets env PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_reference.py "${target_cases[@]}" \
         --case deepseek-v3:16384 --json "$out/torch_targets.json"
       run_step bench-targets "$bin/cuda_layer_bench" "${target_cases[@]}" --stall-limit-s 30 --json "$out/bench_targets.json"
-      run_step bench-ds16k "$bin/cuda_layer_bench" --case deepseek-v3:16384 --stall-limit-s 30 --json "$out/bench_ds16k.json" ;;
+      run_step bench-ds16k timeout 300 "$bin/cuda_layer_bench" --case deepseek-v3:16384 --stall-limit-s 30 --json "$out/bench_ds16k.json" ;;
     torch-quick) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --quick --json "$out/torch.json" ;;
     *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
   esac

@@ -74,8 +74,8 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   w2_ = DeviceArray<__nv_bfloat16>(static_cast<std::size_t>(experts * H * F));
   const auto row_room = static_cast<std::size_t>(max_rows > 0 ? max_rows : 1);
   m.act = DeviceArray<__nv_bfloat16>(row_room * static_cast<std::size_t>(F));
-  const GemmConfig config = pick_config(rows_per_expert, F);
   if (path == GemmPath::Stock) {
+    const GemmConfig config = pick_config(rows_per_expert, F);
     m.h = DeviceArray<__nv_bfloat16>(row_room * static_cast<std::size_t>(m.gemm0_n));
     m.gemm0 = std::make_unique<GroupedGemm>(config, static_cast<int>(experts), device);
     m.gemm1 = std::make_unique<GroupedGemm>(config, static_cast<int>(experts), device);
