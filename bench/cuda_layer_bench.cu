@@ -12,7 +12,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +23,7 @@
 
 #include "exec/cuda/cuda_check.hpp"
 #include "exec/cuda/device_array.hpp"
+#include "exec/cuda/event_timing.hpp"
 #include "exec/cuda/grouped_gemm.hpp"
 #include "exec/cuda/layer_timing.hpp"
 #include "exec/cuda/moe_kernels.hpp"
@@ -163,15 +163,6 @@ int main(int argc, char** argv) {
   }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a cut-off call still shows how far the sweep got
-  const auto started = std::chrono::steady_clock::now();
-  // Wall seconds since start, per phase of a case (a sweep once ran 20x slower than its GPU time).
-  std::string phases;
-  auto phase = [&](const char* name) {
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    char cell[64];
-    std::snprintf(cell, sizeof cell, "%s\"%s\":%.1f", phases.empty() ? "" : ",", name, t);
-    phases += cell;
-  };
   try {
     cudaStream_t s;
     TILEMOE_CUDA_CHECK(cudaStreamCreate(&s));
@@ -238,8 +229,6 @@ int main(int argc, char** argv) {
           case_label = std::string(shape.name) + " " + std::to_string(tokens) + " " + routing + ": ";
           watch("uploading the logits");
           TILEMOE_CUDA_CHECK(cudaMemcpy(logits, host_logits.data(), host_logits.size() * 4, cudaMemcpyHostToDevice));
-          phases.clear();
-          phase("start");
           watch("timing the layer on the stock kernels");
           const cuda::LayerTiming stock_timing = cuda::time_layer_forward(stock_layer, logits, tokens, 25, s);
           watch("timing the layer (planned GEMMs)");
@@ -247,7 +236,6 @@ int main(int argc, char** argv) {
           const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits, tokens, 25, s);
           watch("joining the NVML sampler");
           const bench::GpuClockSampler::Summary layer_clock = clock.stop();
-          phase("layers_timed");
           watch("timing the per-expert cuBLAS loop");
           // the cuBLAS per-expert loop on the same permuted rows (host needs the counts: baseline only)
           std::vector<int> offsets(shape.experts + 1);
@@ -281,7 +269,6 @@ int main(int argc, char** argv) {
           }
           // The same FLOPs as one dense product per GEMM (all R rows against expert 0's weights):
           // what cuBLAS gives at this size and this clock, with no grouping and no routing.
-          phase("cublas_loop");
           watch("timing the dense cuBLAS products");
           std::vector<double> dense0, dense1;
           clock.start();
@@ -296,7 +283,6 @@ int main(int argc, char** argv) {
           }
           const bench::GpuClockSampler::Summary dense_clock = clock.stop();
           // each GEMM configuration on the same rows, to calibrate the choice of MoeLayer
-          phase("dense");
           std::string config_report;
           bool first_config = true;
           for (cuda::GemmConfig config : cuda::kAllGemmConfigs) {
@@ -320,7 +306,6 @@ int main(int argc, char** argv) {
           }
           // The planned GEMM's ready-flag hook: the same tiles with no flag, with one release add
           // per tile, and with a flag plus two timestamps per tile; both clusters.
-          phase("stock_configs");
           std::string planned_report;
           for (cuda::PlannedCluster cl : {cuda::PlannedCluster::M2, cuda::PlannedCluster::N2}) {
             watch(std::string("timing the planned GEMMs alone, cluster ") + cuda::planned_cluster_name(cl));
@@ -357,12 +342,7 @@ int main(int argc, char** argv) {
               r.flags = d_flags.data();
               r.tile_times = times ? d_times.data() : nullptr;
               r.padding_mma = padding_mma;
-              std::vector<double> ms;
-              for (int run = 0; run < 13; ++run) {
-                const double t_ms = timer.ms(s, [&] { g.run(s, r); });
-                if (run >= 3) ms.push_back(t_ms);
-              }
-              return median(ms);
+              return double(cuda::median_event_ms(s, 10, 3, [&] { g.run(s, r); }));
             };
             // interleaved variants, so drift between them does not read as a cost
             const double g0_none = time_table(p0, t0_none, true, false), g0_flag = time_table(p0, t0_flag, true, false);
@@ -394,7 +374,6 @@ int main(int argc, char** argv) {
                           g0_flag, std::min(g1_none, g1_none2), g1_flag, g1_trace, g0_all_mma, g1_all_mma, raster.c_str());
             planned_report += text;
           }
-          phase("planned");
           watch("freeing the case's buffers");
           cudaFree(hbuf);
           cudaFree(abuf);
@@ -443,7 +422,7 @@ int main(int argc, char** argv) {
             std::fprintf(json, ",\"gemm\":\"%s\",\"stock_total_ms\":%.4f,\"stock_ffn_ms\":%.4f", layer.gemm_description().c_str(),
                          stock_timing.total_ms,
                          stock_timing.stage_ms[cuda::kGemm0] + stock_timing.stage_ms[cuda::kActivation] + stock_timing.stage_ms[cuda::kGemm1]);
-            std::fprintf(json, ",\"wall_s\":{%s}}\n", phases.c_str());
+            std::fprintf(json, "}\n");
             std::fflush(json);
           }
         }

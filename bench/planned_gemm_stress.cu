@@ -21,9 +21,9 @@
 #include <map>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "comm/cuda/bounded_sync.hpp"
 #include "exec/cuda/cuda_check.hpp"
 #include "exec/cuda/device_array.hpp"
 #include "exec/cuda/moe_kernels.hpp"
@@ -115,8 +115,6 @@ int main(int argc, char** argv) {
     const std::int64_t capacity = cuda::max_tile_entries(o.rows, o.groups, o.n, o.cluster);
     cuda::DeviceArray<cuda::GemmTileEntry> table(static_cast<std::size_t>(capacity));
     cuda::DeviceArray<int> count(1);
-    cudaEvent_t done;
-    TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     std::mt19937_64 rng(std::random_device{}());
     std::printf("planned_gemm_stress: %s, padding MMAs %s, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs\n",
                 cluster_name, padding, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas());
@@ -140,27 +138,18 @@ int main(int argc, char** argv) {
       r.K = o.k;
       r.padding_mma = o.padding;
       gemm.run(s, r);
-      TILEMOE_CUDA_CHECK(cudaEventRecord(done, s));
-      const auto launched = std::chrono::steady_clock::now();
-      for (;;) {
-        const cudaError_t q = cudaEventQuery(done);
-        if (q == cudaSuccess) break;
-        if (q != cudaErrorNotReady) TILEMOE_CUDA_CHECK(q);
-        const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - launched).count();
-        if (waited > o.limit_s) {
-          std::printf("planned_gemm_stress: STALL: launch %d of %d (%s, padding MMAs %s, %d entries) has not finished after %.0f s; "
-                      "%s\n",
-                      it + 1, o.iterations, cluster_name, padding, entries, waited, describe(offsets).c_str());
-          std::fflush(stdout);
-          std::_Exit(3);
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      const auto limit = std::chrono::milliseconds(static_cast<long long>(o.limit_s * 1000));
+      if (!cuda::wait_for_stream(s, limit)) {
+        std::printf("planned_gemm_stress: STALL: launch %d of %d (%s, padding MMAs %s, %d entries) has not finished after %.1f s; "
+                    "%s\n",
+                    it + 1, o.iterations, cluster_name, padding, entries, o.limit_s, describe(offsets).c_str());
+        std::fflush(stdout);
+        std::_Exit(3);  // the stalled kernel cannot be waited for or torn down cleanly
       }
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::printf("planned_gemm_stress: %s, padding MMAs %s: %d of %d launches finished (%.1f s)\n", cluster_name, padding,
                 o.iterations, o.iterations, wall);
-    cudaEventDestroy(done);
     cudaStreamDestroy(s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "planned_gemm_stress: %s\n", e.what());

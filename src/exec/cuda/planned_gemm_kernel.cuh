@@ -89,7 +89,7 @@ struct PlannedGemmTypes {
     __nv_bfloat16* D;
     unsigned* flags;
     unsigned long long* tile_times;
-    int padding_skip;  // 0 none, 1 half tiles only (rows > 0), 2 all (PaddingMma, resolved on the host)
+    PaddingMma padding_mma;  // resolved on the host: never Default
   };
 };
 
@@ -221,7 +221,8 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
 
     Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
     const bool half_is_padding = mma_thread / 128 * kRowsPerWarpGroup >= e.rows;
-    if (half_is_padding && (params.padding_skip == 2 || (params.padding_skip == 1 && e.rows > 0))) {
+    if (half_is_padding && (params.padding_mma == PaddingMma::SkipAll ||
+                            (params.padding_mma == PaddingMma::SkipHalfTiles && e.rows > 0))) {
       // Every row of this warp group's half is padding (a band of <= 64 rows, or a cluster's
       // padding mate): consume the stages without MMAs, so the other warp group has the tensor
       // cores to itself (the tile takes about half the time) and the loads, which a cluster
@@ -350,9 +351,9 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
   int grid_ctas() const override { return clusters_ * Types::kClusterSize; }
 
   // PaddingMma::Default resolved for this cluster shape (see planned_gemm.hpp for why).
-  static int resolve_padding_skip(PaddingMma mode) {
-    if (mode == PaddingMma::Default) mode = Types::kClusterM > 1 ? PaddingMma::Issue : PaddingMma::SkipAll;
-    return mode == PaddingMma::SkipAll ? 2 : mode == PaddingMma::SkipHalfTiles ? 1 : 0;
+  static PaddingMma resolve(PaddingMma mode) {
+    if (mode != PaddingMma::Default) return mode;
+    return Types::kClusterM > 1 ? PaddingMma::Issue : PaddingMma::SkipAll;
   }
 
   void run(cudaStream_t stream, const PlannedGemmRun& r) override {
@@ -362,7 +363,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.tile_times, resolve_padding_skip(r.padding_mma)};
+                                  r.D, r.flags, r.tile_times, resolve(r.padding_mma)};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
