@@ -76,7 +76,11 @@ for step in "${steps[@]}"; do
     ep-racecheck) run_step ep-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 60 ;;
     ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 30 ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
-    racecheck) run_step racecheck timeout 480 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
+    racecheck)  # one process per small case: a slow or stalled case is named and costs only its own time
+      mapfile -t race_cases < <("$bin/test_moe_layer" --small --list)
+      for case in "${race_cases[@]}"; do
+        run_step "racecheck $case" timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small --case "$case"
+      done ;;
     planned-sanitize)
       run_step planned-memcheck timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_planned_gemm" --small
       run_step planned-racecheck timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;

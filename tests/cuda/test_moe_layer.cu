@@ -180,11 +180,25 @@ void nan_logits_are_reported() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // --small: only the small cases, for compute-sanitizer
-  const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
+  // a run cut by a timeout (compute-sanitizer is slow) must still show how far it got
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // --small: only the small cases, for compute-sanitizer; --case NAME: that case only;
+  // --list: the names of the cases that would run, one per line (the device script runs each alone)
+  bool small = false, list = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--small") == 0) {
+      small = true;
+    } else if (std::strcmp(argv[i], "--list") == 0) {
+      list = true;
+    } else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--small] [--case NAME] [--list]\n", argv[0]);
+      return 2;
+    }
+  }
   try {
-    const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-    std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
     const std::vector<Case> cases = {
         {"small", 300, 512, 768, 16, 4},
         {"mixtral-like", 256, 1024, 1792, 8, 2},
@@ -196,13 +210,33 @@ int main(int argc, char** argv) {
         {"gelu", 77, 256, 384, 8, 2, Activation::GELU},
         {"1024 experts", 64, 128, 128, 1024, 8},
     };
+    const std::string nan_case = "nan logits";
+    bool known = only.empty() || only == nan_case;
+    for (const Case& c : cases) known = known || c.name == only;
+    if (!known) {
+      std::fprintf(stderr, "no case named '%s'\n", only.c_str());
+      return 2;
+    }
+    const auto runs = [&](const Case& c) {
+      return !(small && c.tokens * c.hidden * c.ffn > 8'000'000) && (only.empty() || c.name == only);
+    };
+    if (list) {
+      for (const Case& c : cases)
+        if (runs(c)) std::printf("%s\n", c.name.c_str());
+      if (only.empty() || only == nan_case) std::printf("%s\n", nan_case.c_str());
+      return 0;
+    }
+    const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
     std::uint64_t n = 0;
     for (const Case& c : cases) {
-      ++n;
-      if (small && c.tokens * c.hidden * c.ffn > 8'000'000) continue;
+      ++n;  // before any skip: a case's seed offset does not depend on the filter
+      if (!runs(c)) continue;
+      const auto start = std::chrono::steady_clock::now();
       run_case(c, seed + 1000 * n);
+      std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
-    nan_logits_are_reported();
+    if (only.empty() || only == nan_case) nan_logits_are_reported();
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;
