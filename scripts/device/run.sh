@@ -81,6 +81,13 @@ for step in "${steps[@]}"; do
       for case in "${race_cases[@]}"; do
         run_step "racecheck $case" timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small --case "$case"
       done ;;
+    race-tiny)  # the layer's 1024-expert case in the planned GEMM alone (1-row groups), racecheck with and without
+      # the padding-MMA skip, then the same shape launched thousands of times unsanitized
+      for padding in issue skip-all; do
+        run_step "racecheck tiny c1x2 $padding" timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
+          "$bin/planned_gemm_stress" --cluster c1x2 --padding "$padding" --groups 1024 --rows 512 --n 256 --k 128 --iterations 1 --limit-s 100
+      done
+      run_step "stress tiny c1x2" timeout 120 "$bin/planned_gemm_stress" --cluster c1x2 --groups 1024 --rows 512 --n 256 --k 128 --iterations 3000 --limit-s 5 ;;
     planned-sanitize)
       run_step planned-memcheck timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_planned_gemm" --small
       run_step planned-racecheck timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;
