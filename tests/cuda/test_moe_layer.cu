@@ -177,6 +177,52 @@ void nan_logits_are_reported() {
   cudaFree(output);
 }
 
+// Held by the host: spins until *release is set (or ~20 s pass, so a broken test cannot hang).
+__global__ void hold_stream(const volatile int* release) {
+  const long long start = clock64();
+  while (*release == 0 && clock64() - start < 20LL * 2'000'000'000LL) {
+  }
+}
+
+// check() waits for the stream at most options.wait_limit: a kernel that does not finish
+// becomes a timeout error, not a hang.
+void stalled_stream_is_a_timeout() {
+  std::printf("a stalled stream\n");
+  MoeConfig config;
+  config.tokens = 16;
+  config.hidden = 64;
+  config.ffn_hidden = 64;
+  config.num_experts = 4;
+  config.top_k = 2;
+  cuda::MoeLayerOptions options;
+  options.wait_limit = std::chrono::milliseconds(300);
+  cuda::MoeLayer layer(config, random_weights(config, 5), 0, options);
+  int* release = nullptr;
+  TILEMOE_CUDA_CHECK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
+  *release = 0;
+  int* device_release = nullptr;
+  TILEMOE_CUDA_CHECK(cudaHostGetDevicePointer(&device_release, release, 0));
+  cudaStream_t stream;
+  TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
+  hold_stream<<<1, 1, 0, stream>>>(device_release);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+  const auto start = std::chrono::steady_clock::now();
+  bool timed_out = false;
+  try {
+    layer.check(stream);
+  } catch (const Error& e) {
+    timed_out = e.kind() == ErrorKind::Timeout && std::strstr(e.what(), "300 ms") != nullptr;
+    std::printf("  message: %s\n", e.what());
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  *reinterpret_cast<volatile int*>(release) = 1;
+  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  expect(timed_out && waited < 5.0, "check() on a stalled stream is a timeout error after the wait limit (waited " +
+                                        std::to_string(waited) + " s)");
+  TILEMOE_CUDA_CHECK(cudaStreamDestroy(stream));
+  TILEMOE_CUDA_CHECK(cudaFreeHost(release));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -210,8 +256,8 @@ int main(int argc, char** argv) {
         {"gelu", 77, 256, 384, 8, 2, Activation::GELU},
         {"1024 experts", 64, 128, 128, 1024, 8},
     };
-    const std::string nan_case = "nan logits";
-    bool known = only.empty() || only == nan_case;
+    const std::string nan_case = "nan logits", stall_case = "stalled stream";
+    bool known = only.empty() || only == nan_case || only == stall_case;
     for (const Case& c : cases) known = known || c.name == only;
     if (!known) {
       std::fprintf(stderr, "no case named '%s'\n", only.c_str());
@@ -224,6 +270,7 @@ int main(int argc, char** argv) {
       for (const Case& c : cases)
         if (runs(c)) std::printf("%s\n", c.name.c_str());
       if (only.empty() || only == nan_case) std::printf("%s\n", nan_case.c_str());
+      if (only.empty() || only == stall_case) std::printf("%s\n", stall_case.c_str());
       return 0;
     }
     const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -237,6 +284,7 @@ int main(int argc, char** argv) {
       std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     if (only.empty() || only == nan_case) nan_logits_are_reported();
+    if (only.empty() || only == stall_case) stalled_stream_is_a_timeout();
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ struct RandomDeviceWeights {
 enum class GemmPath { Planned, Stock };
 struct MoeLayerOptions {
   GemmPath gemm = GemmPath::Planned;
+  // How long check() and last_routing() wait for the stream before a timeout error. A forward
+  // takes milliseconds; the limit is for a kernel that never finishes (a stall becomes an error
+  // rather than a hang). Raise it for runs under compute-sanitizer, which are 100-1000x slower.
+  std::chrono::milliseconds wait_limit{60'000};
 };
 
 class MoeLayer {
@@ -63,11 +68,12 @@ class MoeLayer {
   const __nv_bfloat16* expert_weights0() const;  // [E][2*ffn (gate/up interleaved) or ffn][hidden]
   const __nv_bfloat16* expert_weights2() const;  // [E][hidden][ffn]
 
-  // Waits for the stream and throws what the last forward found on the device: a NaN or
-  // infinite router logit is a bad-input error naming the token.
+  // Waits for the stream (at most options.wait_limit: then a timeout error) and throws what the
+  // last forward found on the device: a NaN or infinite router logit is a bad-input error
+  // naming the token.
   void check(cudaStream_t stream);
 
-  // The routing the last forward used (waits for the stream), to check the expert path
+  // The routing the last forward used (waits for the stream, as check() does), to check the expert path
   // against the CPU oracle on exactly the same choices.
   Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;
 

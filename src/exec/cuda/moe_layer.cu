@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "comm/cuda/bounded_sync.hpp"
 #include "current_device.hpp"
 #include "cuda_check.hpp"
 #include "device_array.hpp"
@@ -22,6 +23,8 @@ struct MoeLayer::Impl : LayerRouting {
   std::unique_ptr<ExpertFfn> ffn;
 
   void init(const MoeConfig& c, int dev, MoeLayerOptions opts);
+  // a bounded wait for the stream; `who` names the caller in the timeout error
+  void wait(cudaStream_t stream, const char* who) const;
 };
 
 MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device, MoeLayerOptions options)
@@ -32,6 +35,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int dev
 
 void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   validate_cuda_layer(c);
+  if (opts.wait_limit.count() <= 0) throw_bad_input("MoeLayerOptions::wait_limit must be positive");
   config = c;
   device = dev;
   options = opts;
@@ -102,8 +106,16 @@ const __nv_bfloat16* MoeLayer::permuted_rows() const { return impl_->rows.data()
 const __nv_bfloat16* MoeLayer::expert_weights0() const { return impl_->ffn->weights0(); }
 const __nv_bfloat16* MoeLayer::expert_weights2() const { return impl_->ffn->weights2(); }
 
+void MoeLayer::Impl::wait(cudaStream_t stream, const char* who) const {
+  if (!wait_for_stream(stream, options.wait_limit)) {
+    throw Error(ErrorKind::Timeout, std::string("MoeLayer::") + who + ": the stream's work (the last forward and " +
+                                        "whatever was queued before it) did not finish within " +
+                                        std::to_string(options.wait_limit.count()) + " ms: a kernel stalled");
+  }
+}
+
 void MoeLayer::check(cudaStream_t stream) {
-  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  impl_->wait(stream, "check");
   int bad = INT_MAX;
   TILEMOE_CUDA_CHECK(cudaMemcpy(&bad, impl_->error_token.data(), sizeof bad, cudaMemcpyDeviceToHost));
   if (bad != INT_MAX) {
@@ -112,7 +124,7 @@ void MoeLayer::check(cudaStream_t stream) {
 }
 
 Routing MoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
-  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+  impl_->wait(stream, "last_routing");
   Routing r;
   r.tokens = tokens;
   r.top_k = impl_->config.top_k;
