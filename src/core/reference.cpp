@@ -1,6 +1,10 @@
 #include "tilemoe/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "expert_math.hpp"
 #include "tilemoe/error.hpp"
@@ -43,33 +47,63 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
   const bool swiglu = weights.activation == Activation::SwiGLU;
   std::vector<std::vector<double>> outputs;
-  std::vector<double> act(static_cast<std::size_t>(f));
   for (int rank = 0; rank < world.world_size(); ++rank) {
     const Matrix& in = inputs.at(static_cast<std::size_t>(rank));
     const Routing& r = routing.at(static_cast<std::size_t>(rank));
     std::vector<double> out(static_cast<std::size_t>(in.rows * h), 0.0);
     const std::vector<float> x = in.to_floats();
-    for (std::int64_t t = 0; t < in.rows; ++t) {
+    // One token's output rows: each sum runs over its index in increasing order (the order
+    // that defines the reference), with the weights read along their rows (contiguous).
+    const auto token_rows = [&](std::int64_t t, std::vector<double>& g, std::vector<double>& u, std::vector<double>& y) {
       const float* xt = x.data() + t * h;
       for (std::int64_t j = 0; j < k; ++j) {
         const std::size_t s = r.slot(t, j);
         if (!r.kept[s]) continue;
         const std::int64_t e = r.expert[s];
-        for (std::int64_t n = 0; n < f; ++n) {
-          double g = 0.0, u = 0.0;
-          for (std::int64_t i = 0; i < h; ++i) {
-            g += double(xt[i]) * weights.gate(e)[i * f + n];
-            if (swiglu) u += double(xt[i]) * weights.up(e)[i * f + n];
+        std::fill(g.begin(), g.end(), 0.0);
+        std::fill(u.begin(), u.end(), 0.0);
+        for (std::int64_t i = 0; i < h; ++i) {
+          const double xi = xt[i];
+          const float* gate = weights.gate(e) + i * f;
+          for (std::int64_t n = 0; n < f; ++n) g[static_cast<std::size_t>(n)] += xi * gate[n];
+          if (swiglu) {
+            const float* up = weights.up(e) + i * f;
+            for (std::int64_t n = 0; n < f; ++n) u[static_cast<std::size_t>(n)] += xi * up[n];
           }
-          act[static_cast<std::size_t>(n)] = swiglu ? g / (1.0 + std::exp(-g)) * u : 0.5 * g * (1.0 + std::erf(g / std::sqrt(2.0)));
         }
-        for (std::int64_t c = 0; c < h; ++c) {
-          double y = 0.0;
-          for (std::int64_t n = 0; n < f; ++n) y += act[static_cast<std::size_t>(n)] * weights.down(e)[n * h + c];
-          out[static_cast<std::size_t>(t * h + c)] += double(r.weight[s]) * y;
+        for (std::int64_t n = 0; n < f; ++n) {
+          const double gn = g[static_cast<std::size_t>(n)];
+          g[static_cast<std::size_t>(n)] = swiglu ? gn / (1.0 + std::exp(-gn)) * u[static_cast<std::size_t>(n)]
+                                                  : 0.5 * gn * (1.0 + std::erf(gn / std::sqrt(2.0)));
         }
+        std::fill(y.begin(), y.end(), 0.0);
+        for (std::int64_t n = 0; n < f; ++n) {
+          const double a = g[static_cast<std::size_t>(n)];
+          const float* down = weights.down(e) + n * h;
+          for (std::int64_t c = 0; c < h; ++c) y[static_cast<std::size_t>(c)] += a * down[c];
+        }
+        for (std::int64_t c = 0; c < h; ++c) out[static_cast<std::size_t>(t * h + c)] += double(r.weight[s]) * y[static_cast<std::size_t>(c)];
       }
+    };
+    // tokens are independent and each writes its own rows: the result does not depend on the split
+    const std::int64_t threads = std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 64);
+    const std::int64_t per_thread = (in.rows + threads - 1) / std::max<std::int64_t>(threads, 1);
+    std::vector<std::thread> pool;
+    std::exception_ptr failure;
+    std::mutex failure_mutex;
+    for (std::int64_t first = 0; first < in.rows; first += per_thread) {
+      pool.emplace_back([&, first] {
+        try {
+          std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
+          for (std::int64_t t = first; t < std::min(in.rows, first + per_thread); ++t) token_rows(t, g, u, y);
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+        }
+      });
     }
+    for (std::thread& worker : pool) worker.join();
+    if (failure) std::rethrow_exception(failure);
     outputs.push_back(std::move(out));
   }
   return outputs;
