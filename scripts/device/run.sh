@@ -79,7 +79,7 @@ for step in "${steps[@]}"; do
     racecheck)  # one process per small case: a slow or stalled case is named and costs only its own time
       mapfile -t race_cases < <("$bin/test_moe_layer" --small --list)
       for case in "${race_cases[@]}"; do
-        run_step "racecheck $case" timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small --case "$case"
+        run_step "racecheck $case" timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small --case "$case" --wait-limit-s 200
       done ;;
     race-tiny)  # the layer's 1024-expert case in the planned GEMM alone (1-row groups), racecheck with and without
       # the padding-MMA skip, then the same shape launched thousands of times unsanitized

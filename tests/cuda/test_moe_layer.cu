@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
@@ -22,6 +24,8 @@ using namespace tilemoe;
 namespace {
 
 int failures = 0;
+// how long a wait for the GPU may take (--wait-limit-s; compute-sanitizer needs minutes)
+std::chrono::milliseconds wait_limit{60'000};
 
 void expect(bool ok, const std::string& what) {
   std::printf("  [%s] %s\n", ok ? "ok" : "FAIL", what.c_str());
@@ -44,6 +48,30 @@ T* device_copy(const void* host, std::size_t bytes) {
   return p;
 }
 
+// A forward with its stage boundaries recorded, waited for at most wait_limit: a stall is an
+// error naming the first stage that did not finish, not a hang.
+void forward_naming_stalls(cuda::MoeLayer& layer, cudaStream_t stream, const __nv_bfloat16* input, const float* logits,
+                           __nv_bfloat16* output, std::int64_t tokens) {
+  cuda::StageEvents events{};
+  for (cudaEvent_t& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  layer.forward(stream, input, logits, output, tokens, &events);
+  const auto deadline = std::chrono::steady_clock::now() + wait_limit;
+  cudaError_t state = cudaErrorNotReady;
+  while ((state = cudaEventQuery(events.boundary[cuda::kStageCount])) == cudaErrorNotReady &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (state == cudaErrorNotReady) {
+    int stage = 0;
+    while (stage < cuda::kStageCount && cudaEventQuery(events.boundary[stage + 1]) == cudaSuccess) ++stage;
+    // the events stay alive: the stalled work still refers to them
+    throw Error(ErrorKind::Timeout, std::string("the forward's stage '") + cuda::stage_name(stage) +
+                                        "' did not finish within " + std::to_string(wait_limit.count()) + " ms");
+  }
+  TILEMOE_CUDA_CHECK(state);
+  for (cudaEvent_t e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventDestroy(e));
+}
+
 void run_case(const Case& c, std::uint64_t seed) {
   std::printf("%s: T %lld, hidden %lld, ffn %lld, E %lld, top-%lld, %s%s, %s routing\n", c.name.c_str(),
               (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts, (long long)c.top_k,
@@ -62,7 +90,9 @@ void run_case(const Case& c, std::uint64_t seed) {
   const ExpertWeights weights = random_weights(world.layer, seed + 1);
   MoeConfig config = world.rank_config(0);
 
-  cuda::MoeLayer layer(config, weights);
+  cuda::MoeLayerOptions options;
+  options.wait_limit = wait_limit;
+  cuda::MoeLayer layer(config, weights, 0, options);
   cudaStream_t stream;
   TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
   const std::size_t out_bytes = static_cast<std::size_t>(c.tokens * c.hidden) * 2;
@@ -74,7 +104,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   std::vector<Matrix> runs;
   for (int run = 0; run < 2; ++run) {
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_bytes, stream));  // NaN poison
-    layer.forward(stream, input, logits, output, c.tokens);
+    forward_naming_stalls(layer, stream, input, logits, output, c.tokens);
     layer.check(stream);
     Matrix out(DType::BF16, c.tokens, c.hidden);
     if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out_bytes, cudaMemcpyDeviceToHost));
@@ -128,9 +158,11 @@ void run_case(const Case& c, std::uint64_t seed) {
 
   // the stock-kernel path (separate activation kernel, another rounding point) on the same step
   {
-    cuda::MoeLayer stock(config, weights, 0, {cuda::GemmPath::Stock});
+    cuda::MoeLayerOptions stock_options = options;
+    stock_options.gemm = cuda::GemmPath::Stock;
+    cuda::MoeLayer stock(config, weights, 0, stock_options);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(output, 0xff, out_bytes, stream));
-    stock.forward(stream, input, logits, output, c.tokens);
+    forward_naming_stalls(stock, stream, input, logits, output, c.tokens);
     stock.check(stream);
     Matrix out(DType::BF16, c.tokens, c.hidden);
     if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out_bytes, cudaMemcpyDeviceToHost));
@@ -229,7 +261,8 @@ int main(int argc, char** argv) {
   // a run cut by a timeout (compute-sanitizer is slow) must still show how far it got
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   // --small: only the small cases, for compute-sanitizer; --case NAME: that case only;
-  // --list: the names of the cases that would run, one per line (the device script runs each alone)
+  // --list: the names of the cases that would run, one per line (the device script runs each alone);
+  // --wait-limit-s S: how long a wait for the GPU may take before a timeout naming the stage
   bool small = false, list = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -239,8 +272,16 @@ int main(int argc, char** argv) {
       list = true;
     } else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
       only = argv[++i];
+    } else if (std::strcmp(argv[i], "--wait-limit-s") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      const double seconds = std::strtod(argv[++i], &end);
+      if (end == argv[i] || *end != '\0' || !(seconds > 0 && seconds <= 3600)) {
+        std::fprintf(stderr, "--wait-limit-s: a number of seconds in (0, 3600], not '%s'\n", argv[i]);
+        return 2;
+      }
+      wait_limit = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
     } else {
-      std::fprintf(stderr, "usage: %s [--small] [--case NAME] [--list]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--small] [--case NAME] [--list] [--wait-limit-s S]\n", argv[0]);
       return 2;
     }
   }
