@@ -177,14 +177,19 @@ void run_case(const Case& c, std::uint64_t seed) {
   cudaStreamDestroy(stream);
 }
 
-void nan_logits_are_reported() {
-  std::printf("NaN logits\n");
+MoeConfig small_config(std::int64_t tokens, std::int64_t experts) {
   MoeConfig config;
-  config.tokens = 40;
+  config.tokens = tokens;
   config.hidden = 64;
   config.ffn_hidden = 64;
-  config.num_experts = 8;
+  config.num_experts = experts;
   config.top_k = 2;
+  return config;
+}
+
+void nan_logits_are_reported() {
+  std::printf("NaN logits\n");
+  const MoeConfig config = small_config(40, 8);
   const ExpertWeights weights = random_weights(config, 3);
   cuda::MoeLayer layer(config, weights);
   std::vector<std::uint16_t> x(40 * 64, 0x3f80);
@@ -220,12 +225,7 @@ __global__ void hold_stream(const volatile int* release) {
 // becomes a timeout error, not a hang.
 void stalled_stream_is_a_timeout() {
   std::printf("a stalled stream\n");
-  MoeConfig config;
-  config.tokens = 16;
-  config.hidden = 64;
-  config.ffn_hidden = 64;
-  config.num_experts = 4;
-  config.top_k = 2;
+  const MoeConfig config = small_config(16, 4);
   cuda::MoeLayerOptions options;
   options.wait_limit = std::chrono::milliseconds(300);
   cuda::MoeLayer layer(config, random_weights(config, 5), 0, options);
