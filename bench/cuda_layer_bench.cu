@@ -129,6 +129,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, int>> only_cases;
   bool quick = false, raster_sweep = false;
   double stall_limit_s = 60;
+  std::string only_routing;  // empty: both
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) {
       json_path = argv[++i];
@@ -136,6 +137,12 @@ int main(int argc, char** argv) {
       quick = true;
     } else if (!std::strcmp(argv[i], "--raster")) {
       raster_sweep = true;
+    } else if (!std::strcmp(argv[i], "--routing") && i + 1 < argc) {
+      only_routing = argv[++i];
+      if (only_routing != "balanced" && only_routing != "skewed") {
+        std::fprintf(stderr, "--routing wants balanced or skewed, not '%s'\n", only_routing.c_str());
+        return 2;
+      }
     } else if (!std::strcmp(argv[i], "--stall-limit-s") && i + 1 < argc) {
       const char* text = argv[++i];
       char* end = nullptr;
@@ -155,7 +162,8 @@ int main(int argc, char** argv) {
       }
       only_cases.emplace_back(text.substr(0, colon), static_cast<int>(tokens));
     } else {
-      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case NAME:TOKENS ...] [--raster] [--stall-limit-s S]"
+      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case NAME:TOKENS ...] [--routing balanced|skewed] [--raster]"
+                   " [--stall-limit-s S]"
                    " (unknown: %s)\n",
                    argv[i]);
       return 2;
@@ -219,6 +227,7 @@ int main(int argc, char** argv) {
         float* logits;
         TILEMOE_CUDA_CHECK(cudaMalloc(&logits, std::size_t(tokens) * shape.experts * 4));
         for (const char* routing : {"balanced", "skewed"}) {
+          if (!only_routing.empty() && only_routing != routing) continue;
           std::vector<float> host_logits(std::size_t(tokens) * shape.experts);
           std::mt19937_64 rng(tokens * 31 + shape.experts);
           std::normal_distribution<float> normal(0.0f, 1.0f);

@@ -133,10 +133,14 @@ for step in "${steps[@]}"; do
     cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$out/cli_tile_signal_trace.json" ;;
     bench-focus)  # the cases the one-GPU targets name, with their clocks and ceilings
       run_step bench-focus "$bin/cuda_layer_bench" "${target_cases[@]}" --raster --stall-limit-s 30 --json "$out/bench_focus.json" ;;
-    ncu-gemm)  # hardware counters of the stock and planned GEMM0/GEMM1 at Mixtral 16384 (Firecracker only; gVisor refuses)
-      run_step ncu-gemm timeout 240 ncu --clock-control none --kernel-name "regex:device_kernel|planned_gemm_kernel" \
-        --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-        "$bin/cuda_layer_bench" --case mixtral-8x7b:16384 ;;
+    ncu-gemm)  # hardware counters of one case's first GEMM0 and GEMM1 launches, stock kernels then planned ones
+      # (the bench times the stock layer first; Firecracker only, gVisor refuses):
+      # NCU_CASE (default mixtral-8x7b:16384), NCU_ROUTING (default balanced)
+      for kernel in device_kernel planned_gemm_kernel; do
+        run_step "ncu-gemm $kernel" timeout 240 ncu --clock-control none --kernel-name "regex:$kernel" --launch-count 2 \
+          --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+          "$bin/cuda_layer_bench" --case "${NCU_CASE:-mixtral-8x7b:16384}" --routing "${NCU_ROUTING:-balanced}"
+      done ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-ep)
