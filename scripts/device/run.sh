@@ -78,6 +78,7 @@ for step in "${steps[@]}"; do
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     racecheck)  # one process per small case: a slow or stalled case is named and costs only its own time
       mapfile -t race_cases < <("$bin/test_moe_layer" --small --list)
+      if [ ${#race_cases[@]} -eq 0 ]; then echo "== racecheck: FAIL (test_moe_layer --small --list named no case)" | tee -a "$log"; status=1; fi
       for case in "${race_cases[@]}"; do
         run_step "racecheck $case" timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small --case "$case" --wait-limit-s 200
       done ;;

@@ -42,6 +42,8 @@ struct MoeLayerOptions {
   // How long check() and last_routing() wait for the stream before a timeout error. A forward
   // takes milliseconds; the limit is for a kernel that never finishes (a stall becomes an error
   // rather than a hang). Raise it for runs under compute-sanitizer, which are 100-1000x slower.
+  // (0, 24 h]. After a timeout the stalled work still runs: the layer cannot be used or destroyed
+  // safely until it ends (freeing its memory waits for it).
   std::chrono::milliseconds wait_limit{60'000};
 };
 

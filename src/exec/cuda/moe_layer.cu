@@ -35,7 +35,9 @@ MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int dev
 
 void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   validate_cuda_layer(c);
-  if (opts.wait_limit.count() <= 0) throw_bad_input("MoeLayerOptions::wait_limit must be positive");
+  if (opts.wait_limit.count() <= 0 || opts.wait_limit > std::chrono::hours(24)) {
+    throw_bad_input("MoeLayerOptions::wait_limit must be positive and at most 24 hours");
+  }
   config = c;
   device = dev;
   options = opts;
@@ -114,16 +116,23 @@ void MoeLayer::Impl::wait(cudaStream_t stream, const char* who) const {
   }
 }
 
+// The copies run on the caller's stream once it is idle (cudaMemcpy would go through the legacy
+// stream and wait for every blocking stream of the device), and are waited for as boundedly.
 void MoeLayer::check(cudaStream_t stream) {
   impl_->wait(stream, "check");
   int bad = INT_MAX;
-  TILEMOE_CUDA_CHECK(cudaMemcpy(&bad, impl_->error_token.data(), sizeof bad, cudaMemcpyDeviceToHost));
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&bad, impl_->error_token.data(), sizeof bad, cudaMemcpyDeviceToHost, stream));
+  impl_->wait(stream, "check");
   if (bad != INT_MAX) {
     throw_bad_input("token " + std::to_string(bad) + ": a router logit is NaN or infinite; the router produced invalid values");
   }
 }
 
 Routing MoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
+  if (tokens < 0 || tokens > impl_->config.tokens) {
+    throw_bad_input("last_routing of " + std::to_string(tokens) + " tokens on a layer sized for " +
+                    std::to_string(impl_->config.tokens));
+  }
   impl_->wait(stream, "last_routing");
   Routing r;
   r.tokens = tokens;
@@ -132,8 +141,11 @@ Routing MoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
   r.weight.resize(r.expert.size());
   r.kept.assign(r.expert.size(), 1);
   if (!r.expert.empty()) {
-    TILEMOE_CUDA_CHECK(cudaMemcpy(r.expert.data(), impl_->expert.data(), r.expert.size() * 4, cudaMemcpyDeviceToHost));
-    TILEMOE_CUDA_CHECK(cudaMemcpy(r.weight.data(), impl_->weight.data(), r.weight.size() * 4, cudaMemcpyDeviceToHost));
+    TILEMOE_CUDA_CHECK(
+        cudaMemcpyAsync(r.expert.data(), impl_->expert.data(), r.expert.size() * 4, cudaMemcpyDeviceToHost, stream));
+    TILEMOE_CUDA_CHECK(
+        cudaMemcpyAsync(r.weight.data(), impl_->weight.data(), r.weight.size() * 4, cudaMemcpyDeviceToHost, stream));
+    impl_->wait(stream, "last_routing");
   }
   return r;
 }
