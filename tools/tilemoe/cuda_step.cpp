@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -22,6 +24,21 @@ namespace tilemoe::cli {
 
 
 namespace {
+
+// A timeout of the one-GPU layer's bounded wait means a kernel that does not finish: the
+// process ends here, message first. Unwinding would free device memory, and cudaFree waits
+// for the stalled kernels, so the message would never come.
+template <class Work>
+auto exit_on_stall(Work&& work) -> decltype(work()) {
+  try {
+    return work();
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Timeout) throw;
+    std::fprintf(stderr, "tilemoe: %s\n", e.what());
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+}
 
 void require_device() {
   int devices = 0;
@@ -283,7 +300,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& op
     TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
     layer.forward(stream, x.data(), l.data(), out.data(), config.tokens);
     TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
-    layer.check(stream);
+    exit_on_stall([&] { layer.check(stream); });
   }
   float ms = 0;
   TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
@@ -291,7 +308,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& op
   Matrix output(DType::BF16, config.tokens, config.hidden);
   if (!output.data.empty()) TILEMOE_CUDA_CHECK(cudaMemcpy(output.data.data(), out.data(), output.data.size(), cudaMemcpyDeviceToHost));
   result.outputs.push_back(std::move(output));
-  result.routing.push_back(layer.last_routing(stream, config.tokens));
+  result.routing.push_back(exit_on_stall([&] { return layer.last_routing(stream, config.tokens); }));
   cudaEventDestroy(start);
   cudaEventDestroy(end);
   cudaStreamDestroy(stream);
@@ -309,7 +326,8 @@ CudaBenchResult run_cuda_bench(const EpWorld& world, RoutingPattern pattern, std
   cuda::DeviceArray<float> logits(step.logits[0].data(), step.logits[0].size());
   cudaStream_t stream;
   TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
-  const cuda::LayerTiming timing = cuda::time_layer_forward(layer, logits.data(), config.tokens, runs, stream);
+  const cuda::LayerTiming timing =
+      exit_on_stall([&] { return cuda::time_layer_forward(layer, logits.data(), config.tokens, runs, stream); });
   TILEMOE_CUDA_CHECK(cudaStreamDestroy(stream));
   static_assert(cuda::kStageCount == 7);
   CudaBenchResult result;

@@ -26,6 +26,13 @@ LayerTiming time_layer_forward(MoeLayer& layer, const float* logits, std::int64_
   __nv_bfloat16* output = nullptr;
   StageEvents events{};
   LayerTiming timing;
+  const auto release = [&] {
+    for (auto* p : inputs) cudaFree(p);
+    cudaFree(output);
+    for (cudaEvent_t e : events.boundary) {
+      if (e) cudaEventDestroy(e);
+    }
+  };
   try {
     for (int r = 0; r < rotations; ++r) {
       TILEMOE_CUDA_CHECK(cudaMalloc(&inputs[static_cast<std::size_t>(r)], bytes));
@@ -51,15 +58,15 @@ LayerTiming time_layer_forward(MoeLayer& layer, const float* logits, std::int64_
     for (int s = 0; s < kStageCount; ++s) timing.stage_ms[s] = median(stage[static_cast<std::size_t>(s)]);
     timing.total_ms = median(total);
     timing.runs = runs;
+  } catch (const Error& e) {
+    // a stalled forward: freeing would wait for it, so the buffers stay for the caller's exit
+    if (e.kind() != ErrorKind::Timeout) release();
+    throw;
   } catch (...) {
-    for (auto* p : inputs) cudaFree(p);
-    cudaFree(output);
-    for (auto& e : events.boundary) if (e) cudaEventDestroy(e);
+    release();
     throw;
   }
-  for (auto* p : inputs) cudaFree(p);
-  cudaFree(output);
-  for (auto& e : events.boundary) cudaEventDestroy(e);
+  release();
   return timing;
 }
 
