@@ -4,7 +4,6 @@
 #include <cmath>
 #include <exception>
 #include <mutex>
-#include <system_error>
 #include <thread>
 
 #include "expert_math.hpp"
@@ -88,28 +87,24 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
     };
     // tokens are independent and each writes its own rows: the result does not depend on the split
     const std::int64_t threads = std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 64);
-    const std::int64_t per_thread = (in.rows + threads - 1) / std::max<std::int64_t>(threads, 1);
+    const std::int64_t per_thread = (in.rows + threads - 1) / threads;
     std::exception_ptr failure;
     std::mutex failure_mutex;
-    const auto chunk = [&](std::int64_t first) {
-      try {
-        std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
-        for (std::int64_t t = first; t < std::min(in.rows, first + per_thread); ++t) token_rows(t, g, u, y);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
-      }
-    };
-    std::vector<std::thread> pool;
-    pool.reserve(static_cast<std::size_t>(threads));
-    for (std::int64_t first = 0; first < in.rows; first += per_thread) {
-      try {
-        pool.emplace_back(chunk, first);
-      } catch (const std::system_error&) {
-        chunk(first);  // no thread to be had: this chunk on the calling thread
+    {
+      // jthreads join as the scope ends, also when starting one more throws
+      std::vector<std::jthread> pool;
+      for (std::int64_t first = 0; first < in.rows; first += per_thread) {
+        pool.emplace_back([&, first] {
+          try {
+            std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
+            for (std::int64_t t = first; t < std::min(in.rows, first + per_thread); ++t) token_rows(t, g, u, y);
+          } catch (...) {
+            const std::lock_guard<std::mutex> lock(failure_mutex);
+            if (!failure) failure = std::current_exception();
+          }
+        });
       }
     }
-    for (std::thread& worker : pool) worker.join();
     if (failure) std::rethrow_exception(failure);
     outputs.push_back(std::move(out));
   }

@@ -9,9 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "comm/cuda/bounded_sync.hpp"
 #include "exec/cuda/cuda_check.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
@@ -48,6 +48,24 @@ T* device_copy(const void* host, std::size_t bytes) {
   return p;
 }
 
+// Layer options with the test's wait limit.
+cuda::MoeLayerOptions layer_options(std::chrono::milliseconds limit = wait_limit) {
+  cuda::MoeLayerOptions options;
+  options.wait_limit = limit;
+  return options;
+}
+
+// Whether check() throws an error of `kind` whose message contains `needle` (printed).
+bool check_throws(cuda::MoeLayer& layer, cudaStream_t stream, ErrorKind kind, const char* needle) {
+  try {
+    layer.check(stream);
+  } catch (const Error& e) {
+    std::printf("  message: %s\n", e.what());
+    return e.kind() == kind && std::strstr(e.what(), needle) != nullptr;
+  }
+  return false;
+}
+
 // A stall ends the test here: unwinding would free the layer's memory, and cudaFree waits for
 // the stalled kernels, so the message would never be printed.
 [[noreturn]] void exit_on_stall(const std::string& what) {
@@ -73,25 +91,17 @@ void forward_naming_stalls(cuda::MoeLayer& layer, cudaStream_t stream, const __n
   cuda::StageEvents events{};
   for (cudaEvent_t& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   layer.forward(stream, input, logits, output, tokens, &events);
-  const auto deadline = std::chrono::steady_clock::now() + wait_limit;
-  cudaError_t state = cudaErrorNotReady;
-  while ((state = cudaEventQuery(events.boundary[cuda::kStageCount])) == cudaErrorNotReady &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (state == cudaErrorNotReady) {
+  if (!cuda::wait_for_stream(stream, wait_limit)) {
     // boundary[s] is recorded before stage s: the stall is in the stage before the first
     // boundary not reached (-1: in work queued before the forward)
     int stage = -1;
     while (stage < cuda::kStageCount && cudaEventQuery(events.boundary[stage + 1]) == cudaSuccess) ++stage;
-    if (stage < cuda::kStageCount) {
+    if (stage < cuda::kStageCount) {  // (all reached: it finished between the two looks)
       exit_on_stall(std::string(stage < 0 ? "work queued before the forward" : "the forward's stage '" +
                                                                               std::string(cuda::stage_name(stage)) + "'") +
                     " did not finish within " + std::to_string(wait_limit.count()) + " ms");
     }
-    state = cudaSuccess;  // it finished between the two looks
   }
-  TILEMOE_CUDA_CHECK(state);
   for (cudaEvent_t e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventDestroy(e));
 }
 
@@ -113,8 +123,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   const ExpertWeights weights = random_weights(world.layer, seed + 1);
   MoeConfig config = world.rank_config(0);
 
-  cuda::MoeLayerOptions options;
-  options.wait_limit = wait_limit;
+  const cuda::MoeLayerOptions options = layer_options();
   cuda::MoeLayer layer(config, weights, 0, options);
   cudaStream_t stream;
   TILEMOE_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -214,9 +223,7 @@ void nan_logits_are_reported() {
   std::printf("NaN logits\n");
   const MoeConfig config = small_config(40, 8);
   const ExpertWeights weights = random_weights(config, 3);
-  cuda::MoeLayerOptions options;
-  options.wait_limit = wait_limit;
-  cuda::MoeLayer layer(config, weights, 0, options);
+  cuda::MoeLayer layer(config, weights, 0, layer_options());
   std::vector<std::uint16_t> x(40 * 64, 0x3f80);
   std::vector<float> logits(40 * 8, 0.25f);
   logits[17 * 8 + 5] = NAN;
@@ -226,14 +233,7 @@ void nan_logits_are_reported() {
   __nv_bfloat16* output = nullptr;
   TILEMOE_CUDA_CHECK(cudaMalloc(&output, x.size() * 2));
   layer.forward(nullptr, input, d_logits, output, 40);
-  bool reported = false;
-  try {
-    layer.check(nullptr);
-  } catch (const Error& e) {
-    reported = e.kind() == ErrorKind::BadInput && std::strstr(e.what(), "token 17") != nullptr;
-    std::printf("  message: %s\n", e.what());
-  }
-  expect(reported, "a NaN logit is a bad-input error naming the first bad token");
+  expect(check_throws(layer, nullptr, ErrorKind::BadInput, "token 17"), "a NaN logit is a bad-input error naming the first bad token");
   cudaFree(input);
   cudaFree(d_logits);
   cudaFree(output);
@@ -251,9 +251,7 @@ __global__ void hold_stream(const volatile int* release) {
 void stalled_stream_is_a_timeout() {
   std::printf("a stalled stream\n");
   const MoeConfig config = small_config(16, 4);
-  cuda::MoeLayerOptions options;
-  options.wait_limit = std::chrono::milliseconds(300);
-  cuda::MoeLayer layer(config, random_weights(config, 5), 0, options);
+  cuda::MoeLayer layer(config, random_weights(config, 5), 0, layer_options(std::chrono::milliseconds(300)));
   int* release = nullptr;
   TILEMOE_CUDA_CHECK(cudaHostAlloc(&release, sizeof(int), cudaHostAllocMapped));
   *release = 0;
@@ -264,13 +262,7 @@ void stalled_stream_is_a_timeout() {
   hold_stream<<<1, 1, 0, stream>>>(device_release);
   TILEMOE_CUDA_CHECK(cudaGetLastError());
   const auto start = std::chrono::steady_clock::now();
-  bool timed_out = false;
-  try {
-    layer.check(stream);
-  } catch (const Error& e) {
-    timed_out = e.kind() == ErrorKind::Timeout && std::strstr(e.what(), "300 ms") != nullptr;
-    std::printf("  message: %s\n", e.what());
-  }
+  const bool timed_out = check_throws(layer, stream, ErrorKind::Timeout, "300 ms");
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   *reinterpret_cast<volatile int*>(release) = 1;
   TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));

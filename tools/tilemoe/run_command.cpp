@@ -72,6 +72,13 @@ bool fp64_affordable(const MoeConfig& layer, std::int64_t routed) {
   return work <= kMaxFp64Work;
 }
 
+// The "rel err fp64" cell of the tables: the error, or "skipped" past kMaxFp64Work.
+std::string fp64_cell(bool have_fp64, const ErrorStats& vs_fp64) {
+  char text[32] = "skipped";
+  if (have_fp64) std::snprintf(text, sizeof text, "%.2e", vs_fp64.relative_frobenius);
+  return text;
+}
+
 // --backend cuda: the GPU forward of one rank, checked against the CPU executor and fp64 on the
 // routing the GPU chose (across backends the criterion is bf16 tolerance, not bitwise).
 int run_cuda(const RunOptions& options, const PreparedStep& step) {
@@ -116,10 +123,8 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
                 static_cast<long long>(step.world.layer.ffn_hidden), static_cast<long long>(step.world.layer.num_experts),
                 static_cast<long long>(step.world.layer.top_k), step.source.c_str());
     std::printf("%-12s %10s %16s %14s %14s %10s\n", "strategy", "gpu ms", "max|err| cpu", "rel err cpu", "rel err fp64", "tolerance");
-    char fp64_text[32] = "skipped";
-    if (have_fp64) std::snprintf(fp64_text, sizeof fp64_text, "%.2e", vs_fp64.relative_frobenius);
     std::printf("%-12s %10.3f %16.3g %14.2e %14s %10s\n", cuda_options.strategy.c_str(), gpu.forward_ms, vs_cpu.max_abs,
-                vs_cpu.relative_frobenius, fp64_text, ok ? "ok" : "EXCEEDED");
+                vs_cpu.relative_frobenius, fp64_cell(have_fp64, vs_fp64).c_str(), ok ? "ok" : "EXCEEDED");
     if (compared > 0) {
       std::printf("bitwise equal to sequential on %d of %d rank(s)%s\n", equal, compared, equal == compared ? "" : ": MISMATCH");
     }
@@ -240,11 +245,9 @@ int run(const RunOptions& options) {
     std::printf("%-12s %10s %9s %9s %9s %14s %14s %8s\n", "strategy", "wall ms", "compute%", "comm%", "overlap%",
                 "max|err| dense", "rel err fp64", "bitwise");
     for (const StrategyResult& r : results) {
-      char fp64_text[32] = "skipped";
-      if (have_fp64) std::snprintf(fp64_text, sizeof fp64_text, "%.2e", r.vs_fp64.relative_frobenius);
       std::printf("%-12s %10.2f %9.1f %9.1f %9.1f %14.3g %14s %8s\n", std::string(strategy_name(r.strategy)).c_str(),
                   r.stats.wall_ms, 100.0 * r.stats.compute_busy, 100.0 * r.stats.comm_busy, 100.0 * r.stats.overlap,
-                  r.vs_dense.max_abs, fp64_text, r.bitwise ? "yes" : "NO");
+                  r.vs_dense.max_abs, fp64_cell(have_fp64, r.vs_fp64).c_str(), r.bitwise ? "yes" : "NO");
     }
   }
 
