@@ -331,10 +331,12 @@ int main(int argc, char** argv) {
             cuda::DeviceArray<unsigned long long> d_times(2 * most);
             TILEMOE_CUDA_CHECK(cudaMemset(d_flags.data(), 0, most * 4));
             auto time_table = [&](cuda::PlannedGemm& g, const std::vector<cuda::GemmTileEntry>& t, bool gemm0, bool times,
-                                  cuda::PaddingMma padding_mma = cuda::PaddingMma::Default) {
+                                  cuda::PaddingMma padding_mma = cuda::PaddingMma::Default,
+                                  cuda::ItemFetch fetch = cuda::ItemFetch::Default) {
               watch(std::string("timing the planned ") + (gemm0 ? "GEMM0" : "GEMM1") + " alone, cluster " +
                     cuda::planned_cluster_name(cl) + (times ? ", with tile times" : "") +
-                    ", padding MMAs " + cuda::padding_mma_name(padding_mma) + " (" + std::to_string(t.size()) + " entries)");
+                    ", padding MMAs " + cuda::padding_mma_name(padding_mma) + ", " + cuda::item_fetch_name(fetch) +
+                    " fetch (" + std::to_string(t.size()) + " entries)");
               const int n = static_cast<int>(t.size());
               TILEMOE_CUDA_CHECK(cudaMemcpy(d_table.data(), t.data(), t.size() * sizeof(t[0]), cudaMemcpyHostToDevice));
               TILEMOE_CUDA_CHECK(cudaMemcpy(d_count.data(), &n, 4, cudaMemcpyHostToDevice));
@@ -351,18 +353,30 @@ int main(int argc, char** argv) {
               r.flags = d_flags.data();
               r.tile_times = times ? d_times.data() : nullptr;
               r.padding_mma = padding_mma;
+              r.item_fetch = fetch;
               return double(cuda::median_event_ms(s, 10, 3, [&] { g.run(s, r); }));
             };
-            // Interleaved variants, so drift between them does not read as a cost. The default and
-            // the all-MMA variant (every warp group issues its MMAs, padding rows or not) are each
-            // timed twice, in the same places of the sequence, and each reported as its better run.
+            // Interleaved variants, so drift between them does not read as a cost. The default, the
+            // all-MMA variant (every warp group issues its MMAs, padding rows or not) and the other
+            // item fetch (the default padding MMAs) are each timed twice, in mirrored places of
+            // the sequence, and each reported as its better run.
             constexpr cuda::PaddingMma kAllMma = cuda::PaddingMma::Issue;
+            constexpr cuda::PaddingMma kPad = cuda::PaddingMma::Default;
+            constexpr cuda::ItemFetch kStatic = cuda::ItemFetch::Static, kDynamic = cuda::ItemFetch::Dynamic;
             const double g0_none = time_table(p0, t0_none, true, false), g0_all = time_table(p0, t0_none, true, false, kAllMma);
+            const double g0_static = time_table(p0, t0_none, true, false, kPad, kStatic);
+            const double g0_dynamic = time_table(p0, t0_none, true, false, kPad, kDynamic);
             const double g0_flag = time_table(p0, t0_flag, true, false);
             const double g1_none = time_table(p1, t1_none, false, false), g1_all = time_table(p1, t1_none, false, false, kAllMma);
+            const double g1_static = time_table(p1, t1_none, false, false, kPad, kStatic);
+            const double g1_dynamic = time_table(p1, t1_none, false, false, kPad, kDynamic);
             const double g1_flag = time_table(p1, t1_flag, false, false);
             const double g1_trace = time_table(p1, t1_flag, false, true);
+            const double g0_dynamic2 = time_table(p0, t0_none, true, false, kPad, kDynamic);
+            const double g0_static2 = time_table(p0, t0_none, true, false, kPad, kStatic);
             const double g0_all2 = time_table(p0, t0_none, true, false, kAllMma), g0_none2 = time_table(p0, t0_none, true, false);
+            const double g1_dynamic2 = time_table(p1, t1_none, false, false, kPad, kDynamic);
+            const double g1_static2 = time_table(p1, t1_none, false, false, kPad, kStatic);
             const double g1_all2 = time_table(p1, t1_none, false, false, kAllMma), g1_none2 = time_table(p1, t1_none, false, false);
             const double g0_all_mma = std::min(g0_all, g0_all2), g1_all_mma = std::min(g1_all, g1_all2);
             // With --raster: the raster of GEMM0's table, its bands in blocks of 4, 8, 16 (each block
@@ -378,13 +392,16 @@ int main(int argc, char** argv) {
                 raster += cell;
               }
             }
-            char text[384];
+            char text[640];
             std::snprintf(text, sizeof text,
                           "%s\"%s\":{\"gemm0_ms\":%.4f,\"gemm0_flags_ms\":%.4f,\"gemm1_ms\":%.4f,\"gemm1_flags_ms\":%.4f,"
                           "\"gemm1_flags_times_ms\":%.4f,\"gemm0_all_mma_ms\":%.4f,\"gemm1_all_mma_ms\":%.4f,"
-                          "\"gemm0_band_block_ms\":{%s}}",
+                          "\"gemm0_static_ms\":%.4f,\"gemm1_static_ms\":%.4f,\"gemm0_dynamic_ms\":%.4f,"
+                          "\"gemm1_dynamic_ms\":%.4f,\"gemm0_band_block_ms\":{%s}}",
                           planned_report.empty() ? "" : ",", cuda::planned_cluster_name(cl), std::min(g0_none, g0_none2),
-                          g0_flag, std::min(g1_none, g1_none2), g1_flag, g1_trace, g0_all_mma, g1_all_mma, raster.c_str());
+                          g0_flag, std::min(g1_none, g1_none2), g1_flag, g1_trace, g0_all_mma, g1_all_mma,
+                          std::min(g0_static, g0_static2), std::min(g1_static, g1_static2), std::min(g0_dynamic, g0_dynamic2),
+                          std::min(g1_dynamic, g1_dynamic2), raster.c_str());
             planned_report += text;
           }
           watch("freeing the case's buffers");

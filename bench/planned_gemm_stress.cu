@@ -1,11 +1,13 @@
 // Runs the planned GEMM over and over on fresh row distributions and reports the first launch
 // that does not finish within --limit-s, naming the cluster, the padding-MMA mode (--padding:
-// default, issue, skip-half, skip-all; see PaddingMma), the iteration and the distribution.
+// default, issue, skip-half, skip-all; see PaddingMma), the item fetch (--fetch: default,
+// static, dynamic; see ItemFetch), the iteration and the distribution.
 // Why: the layer bench found launches of the c2x1 planned GEMM that never finished (2026-12-04, DeepSeek-V3 and Qwen3 shapes at 16384 tokens), a few in a
 // hundred; this tool separates the variants, each in its own process, and counts.
 //
 //   planned_gemm_stress --cluster c2x1 --padding skip-all --groups 256 --rows 131072 --n 4096 --k 7168
-//                       [--skew S] [--epilogue swiglu|store] [--iterations I] [--limit-s L]
+//                       [--fetch F] [--sm-limit S] [--skew S] [--epilogue swiglu|store] [--iterations I]
+//                       [--limit-s L]
 // --skew 0 draws each row's group uniformly; S > 0 with weight (g + 1)^-S (the bench's skewed
 // routing is about S = 1.5). Exit 0: every launch finished; 3: one stalled; 2: bad arguments;
 // 1: a CUDA error.
@@ -37,6 +39,8 @@ struct Options {
   cuda::PlannedCluster cluster = cuda::PlannedCluster::M2;
   cuda::PlannedEpilogue epilogue = cuda::PlannedEpilogue::SwiGLU;
   cuda::PaddingMma padding = cuda::PaddingMma::Default;
+  cuda::ItemFetch fetch = cuda::ItemFetch::Default;
+  int sm_limit = 0;
   int groups = 256, rows = 131072, n = 4096, k = 7168, iterations = 300;
   double skew = 0, limit_s = 10;
 };
@@ -57,6 +61,11 @@ Options parse(int argc, char** argv) {
   app.add_option("--epilogue", o.epilogue, "swiglu or store")->transform(CLI::CheckedTransformer(epilogues));
   app.add_option("--padding", o.padding, "padding MMAs: default, issue, skip-half, skip-all")
       ->transform(CLI::CheckedTransformer(paddings));
+  const std::map<std::string, cuda::ItemFetch> fetches{{"default", cuda::ItemFetch::Default},
+                                                       {"static", cuda::ItemFetch::Static},
+                                                       {"dynamic", cuda::ItemFetch::Dynamic}};
+  app.add_option("--fetch", o.fetch, "item fetch: default, static, dynamic")->transform(CLI::CheckedTransformer(fetches));
+  app.add_option("--sm-limit", o.sm_limit, "SMs the GEMM may use (0: all)")->check(CLI::Range(0, 1024));
   app.add_option("--groups", o.groups, "groups (experts)")->check(CLI::Range(1, 4096));
   app.add_option("--rows", o.rows, "rows of A")->check(CLI::Range(1, 1 << 24));
   app.add_option("--n", o.n, "N (a multiple of 16)")->check(CLI::Range(16, 1 << 16));
@@ -102,7 +111,9 @@ std::string describe(const std::vector<int>& offsets) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   const char* cluster_name = cuda::planned_cluster_name(o.cluster);
-  const char* padding = cuda::padding_mma_name(o.padding);
+  // "skip-all, dynamic fetch": the variant every line names
+  const std::string variant_text = std::string(cuda::padding_mma_name(o.padding)) + ", " + cuda::item_fetch_name(o.fetch) + " fetch";
+  const char* padding = variant_text.c_str();
   try {
     cudaStream_t s;
     TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -111,7 +122,7 @@ int main(int argc, char** argv) {
         D(std::size_t(o.rows) * n_out);
     cuda::launch_random_bf16(s, A.data(), A.count(), 1, 1.0f);
     cuda::launch_random_bf16(s, B.data(), B.count(), 2, 1.0f / std::sqrt(float(o.k)));
-    cuda::PlannedGemm gemm(o.cluster, o.epilogue, o.groups, 0);
+    cuda::PlannedGemm gemm(o.cluster, o.epilogue, o.groups, 0, o.sm_limit);
     const std::int64_t capacity = cuda::max_tile_entries(o.rows, o.groups, o.n, o.cluster);
     cuda::DeviceArray<cuda::GemmTileEntry> table(static_cast<std::size_t>(capacity));
     cuda::DeviceArray<int> count(1);
@@ -137,6 +148,7 @@ int main(int argc, char** argv) {
       r.N = o.n;
       r.K = o.k;
       r.padding_mma = o.padding;
+      r.item_fetch = o.fetch;
       gemm.run(s, r);
       const auto limit = std::chrono::milliseconds(static_cast<long long>(o.limit_s * 1000));
       if (!cuda::wait_for_stream(s, limit)) {

@@ -106,6 +106,19 @@ def main(bench_path, torch_path=None):
             print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_ms']:.3f} | {p['gemm0_all_mma_ms']:.3f} "
                   f"| {p['gemm0_ms'] / p['gemm0_all_mma_ms']:.2f}x | {p['gemm1_ms']:.3f} | {p['gemm1_all_mma_ms']:.3f} "
                   f"| {p['gemm1_ms'] / p['gemm1_all_mma_ms']:.2f}x |")
+    print("\nThe item fetch: the planned GEMM (default padding MMAs) with clusters taking items in a static"
+          " stride against claiming the next item from a counter (ms; below 1.00x the dynamic fetch is faster):\n")
+    print("| shape | tokens | routing | cluster | GEMM0 static | GEMM0 dynamic | dynamic / static | GEMM1 static "
+          "| GEMM1 dynamic | dynamic / static |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in layers:
+        for cl, p in r["planned_ms"].items():
+            if "gemm0_dynamic_ms" not in p:
+                continue  # runs from before the dynamic fetch
+            print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_static_ms']:.3f} "
+                  f"| {p['gemm0_dynamic_ms']:.3f} | {p['gemm0_dynamic_ms'] / p['gemm0_static_ms']:.2f}x "
+                  f"| {p['gemm1_static_ms']:.3f} | {p['gemm1_dynamic_ms']:.3f} "
+                  f"| {p['gemm1_dynamic_ms'] / p['gemm1_static_ms']:.2f}x |")
 
 
 # NVML clocks-event reasons (nvml.h): the ones that lower the SM clock under load

@@ -9,7 +9,7 @@ export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of th
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned stress layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost ts-bench cli-ts torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned stress stress-dynamic layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost ts-bench cli-ts torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -110,6 +110,16 @@ for step in "${steps[@]}"; do
           --rows 131072 --n 1536 --k 2048 --skew 1.5 --iterations 600
         run_step "stress qwen-gemm1 $cluster" "$bin/planned_gemm_stress" --cluster $cluster --groups 128 \
           --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 600
+      done ;;
+    stress-dynamic)  # the dynamic item fetch (ItemFetch) on both clusters, on the whole GPU and on 40 SMs
+      # (fewer clusters, more items each), default padding MMAs: a lost hand-off would stall a launch
+      for cluster in c2x1 c1x2; do
+        run_step "stress-dynamic ds-gemm0 $cluster" "$bin/planned_gemm_stress" --cluster $cluster --fetch dynamic \
+          --groups 256 --rows 131072 --n 4096 --k 7168 --iterations 100
+        run_step "stress-dynamic qwen-gemm1 $cluster" "$bin/planned_gemm_stress" --cluster $cluster --fetch dynamic \
+          --groups 128 --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 600
+        run_step "stress-dynamic qwen-gemm1 $cluster 40 SMs" "$bin/planned_gemm_stress" --cluster $cluster --fetch dynamic \
+          --sm-limit 40 --groups 128 --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 100
       done ;;
     stress-known-hang)  # the c2x1 skips that hung (2026-12-04), outside the call's verdict: does the stress still find them?
       keep=$status

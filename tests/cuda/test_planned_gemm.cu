@@ -368,6 +368,33 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
         CK(cudaGetLastError());
         expect(other.bits() == d1, label + ": padding MMAs '" + padding_mma_name(mode) + "' change the bits");
       }
+      // the item fetch: static stride or claimed from a counter, on the full grid and on 4
+      // clusters (many items each), run twice (the counter rewinds): every tile once, the same
+      // bits, every per-tile flag raised once per run
+      PlannedGemm narrow(cl, ep, int(m.size()), 0, 8);
+      for (PlannedGemm* g : {&gemm, &narrow}) {
+        for (ItemFetch fetch : {ItemFetch::Static, ItemFetch::Dynamic}) {
+          const std::string what = label + " on " + std::to_string(g->grid_ctas()) + " CTAs, " + item_fetch_name(fetch) +
+                                   " fetch";
+          Dev<unsigned> fetch_flags(std::max<std::size_t>(host.size(), 1));
+          CK(cudaMemset(fetch_flags.p, 0, fetch_flags.n * 4));
+          for (int again = 0; again < 2; ++again) {
+            Output other(p);
+            other.poison(s);
+            PlannedGemmRun r = make_run(p, table, other, fetch_flags.p);
+            r.item_fetch = fetch;
+            g->run(s, r);
+            CK(cudaStreamSynchronize(s));
+            CK(cudaGetLastError());
+            expect(other.bits() == d1, what + ", run " + std::to_string(again + 1) + ": the bits differ");
+          }
+          std::size_t off = 0;
+          const std::vector<unsigned> ff = fetch_flags.get();
+          for (std::size_t i = 0; i < host.size(); ++i) off += ff[i] != (host[i].flag >= 0 ? 2u : 0u);
+          expect(off == 0, what + ": " + std::to_string(off) + " per-tile flags not at 2 after 2 runs");
+        }
+      }
+
       Table shuffled(shuffled_items(host, seed));
       expect(run_once(gemm, p, shuffled, s) == d1, label + ": shuffled tile order changes the bits");
       const std::vector<GemmTileEntry> bands = banded_table(p, cl);

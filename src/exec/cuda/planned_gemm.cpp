@@ -50,6 +50,15 @@ const char* padding_mma_name(PaddingMma mode) {
   return "?";
 }
 
+const char* item_fetch_name(ItemFetch fetch) {
+  switch (fetch) {
+    case ItemFetch::Default: return "default";
+    case ItemFetch::Static: return "static";
+    case ItemFetch::Dynamic: return "dynamic";
+  }
+  return "?";
+}
+
 PlannedGemm::PlannedGemm(PlannedCluster cluster, PlannedEpilogue epilogue, int max_groups, int device, int sm_limit)
     : backend_(std::make_unique<Backend>()), cluster_(cluster), epilogue_(epilogue), max_groups_(max_groups) {
   if (max_groups <= 0) throw_bad_input("planned GEMM: max_groups must be positive");

@@ -17,8 +17,11 @@
 // [row_begin, row_begin + rows) of A and D, GEMM columns [256 * col_tile, 256 * col_tile + 256).
 // row_begin need not be a multiple of 128: a plan's row bands map to entries directly.
 //
-// Order: a cluster of CTAs takes table entries in groups of cluster_size (its "item"); cluster c
-// of C runs items c, c + C, c + 2C, ... in that order. Mates of one item share one operand by
+// Order: a cluster of CTAs takes table entries in groups of cluster_size (its "item"). With the
+// static fetch, cluster c of C runs items c, c + C, c + 2C, ...; with the dynamic fetch, a
+// cluster takes the next unclaimed item from a counter when it starts one, so items still start
+// in table order but a cluster that drew cheap items (padding) takes more of them (ItemFetch).
+// Mates of one item share one operand by
 // TMA multicast, so the table must keep them compatible (check_tile_table): a 2x1 cluster shares
 // B (same group and col_tile), a 1x2 cluster shares A (same row_begin). An entry with rows = 0
 // computes but stores nothing (padding for a cluster's mate).
@@ -99,6 +102,19 @@ void check_tile_table(const std::vector<GemmTileEntry>& table, int groups, int a
 enum class PaddingMma { Default, Issue, SkipHalfTiles, SkipAll };
 const char* padding_mma_name(PaddingMma mode);  // "default", "issue", "skip-half", "skip-all"
 
+// How clusters take items from the table. Either way every item runs exactly once and the output
+// bits are the same; only which cluster runs an item, and when, differs.
+//  Default: Static (the dynamic fetch is built and tested; it becomes the default once the
+//           benchmarks show it faster: NOTES.md).
+//  Static:  cluster c of C runs items c, c + C, ...: no shared state, but a cluster that draws
+//           half-cost items (bands of <= 64 rows, skipped padding MMAs) runs ahead of the
+//           others, and the clusters that read one expert's weight slice drift apart.
+//  Dynamic: one CTA of each cluster claims items from a device counter (one atomic per item,
+//           claimed one item ahead) and hands each to its mates and warps through a ring of
+//           slots in shared memory; the items in flight stay a window of the table's order.
+enum class ItemFetch { Default, Static, Dynamic };
+const char* item_fetch_name(ItemFetch fetch);  // "default", "static", "dynamic"
+
 struct PlannedGemmRun {
   const GemmTileEntry* table = nullptr;  // device
   const int* count = nullptr;            // device: number of entries (a multiple of the cluster size)
@@ -112,6 +128,7 @@ struct PlannedGemmRun {
   unsigned long long* tile_times = nullptr;     // optional device [2 * entries]: globaltimer at the
                                                 // start of the tile's MMAs and after its flag
   PaddingMma padding_mma = PaddingMma::Default;  // see PaddingMma (others: A/B measurements, stress)
+  ItemFetch item_fetch = ItemFetch::Default;     // see ItemFetch
 };
 
 class PlannedGemm {

@@ -12,7 +12,10 @@
 //       smem, 16-byte stores of the entry's real rows, a barrier over the 256 threads, and one
 //       thread's release add on the entry's flag.
 // Entries are read straight from the table in global memory by both roles (a 20-byte load per
-// tile), so no scheduler warp and no smem pipeline of work tiles is needed.
+// tile), so no scheduler warp and no smem pipeline of work tiles is needed. Which item a cluster
+// runs next is either a fixed stride (static fetch) or claimed from a device counter by the
+// loader of the cluster's rank-0 CTA and passed to every reader through a ring of smem slots
+// (dynamic fetch; PlannedItemRing).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -51,6 +54,76 @@ constexpr int kStageCols = 128;
 constexpr int kStagePitch = kStageCols + 8;  // +16 bytes per row: conflict-free smem writes
 constexpr int kStageBytes = kPlannedTileM * kStagePitch * 2;
 
+// The dynamic fetch's hand-off. The claimer (the loader warp of the cluster's rank-0 CTA, lane
+// 0) claims item number seq of its cluster's sequence and posts it into slot seq % kItemRing of
+// every CTA of the cluster (a DSMEM store, then a release arrive on that CTA's `full`). The
+// readers, the 8 MMA warps of each CTA and the loader warps of the other CTAs, each wait on
+// their own `full`, read the slot and free it with one arrive on rank 0's `empty`. The end of
+// the sequence is posted as -1 and never freed (nothing is posted after it). Eight slots let
+// the loaders run a pipeline's worth of one-K-tile items ahead of the MMA warps.
+constexpr int kItemRing = 8;
+struct PlannedItemRing {
+  alignas(8) uint64_t full[kItemRing];  // every CTA: one arrival (the claimer's) per post
+  uint64_t empty[kItemRing];            // rank 0 only: one arrival per reader per item
+  int item[kItemRing];
+};
+
+__device__ __forceinline__ void planned_ring_wait(const uint64_t* barrier, uint32_t parity) {
+  const uint32_t addr = cute::cast_smem_ptr_to_uint(barrier);
+  // acquire at cluster scope: the slot was written (or last read) by another CTA of the cluster
+  asm volatile(
+      "{\n\t.reg .pred done;\n\t"
+      "ring_wait:\n\t"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
+      "@!done bra ring_wait;\n\t}" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+
+// The claimer: waits until every reader freed the slot's previous item, claims the next item
+// (-1 once the table is exhausted) and posts it to every CTA of the cluster.
+template <int kClusterSize>
+__device__ __forceinline__ int planned_ring_claim(PlannedItemRing& ring, int seq, int* counter, int items) {
+  const int slot = seq % kItemRing;
+  planned_ring_wait(&ring.empty[slot], uint32_t(((seq / kItemRing) & 1) ^ 1));
+  int item = atomicAdd(counter, 1);
+  if (item >= items) item = -1;
+  const uint32_t item_addr = cute::cast_smem_ptr_to_uint(&ring.item[slot]);
+  const uint32_t full_addr = cute::cast_smem_ptr_to_uint(&ring.full[slot]);
+  CUTLASS_PRAGMA_UNROLL
+  for (uint32_t rank = 0; rank < uint32_t(kClusterSize); ++rank) {
+    asm volatile(
+        "{\n\t.reg .b32 item_remote, full_remote;\n\t"
+        "mapa.shared::cluster.u32 item_remote, %0, %2;\n\t"
+        "mapa.shared::cluster.u32 full_remote, %1, %2;\n\t"
+        "st.shared::cluster.s32 [item_remote], %3;\n\t"
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [full_remote];\n\t}" ::"r"(item_addr),
+        "r"(full_addr), "r"(rank), "r"(item)
+        : "memory");
+  }
+  return item;
+}
+
+// A reader warp: item number seq of the cluster's sequence, the same in every lane.
+__device__ __forceinline__ int planned_ring_read(PlannedItemRing& ring, int seq, int lane) {
+  int item = 0;
+  if (lane == 0) {
+    const int slot = seq % kItemRing;
+    planned_ring_wait(&ring.full[slot], uint32_t((seq / kItemRing) & 1));
+    item = *reinterpret_cast<volatile int*>(&ring.item[slot]);
+    if (item >= 0) {
+      const uint32_t empty_addr = cute::cast_smem_ptr_to_uint(&ring.empty[slot]);
+      asm volatile(
+          "{\n\t.reg .b32 empty_remote;\n\t"
+          "mapa.shared::cluster.u32 empty_remote, %0, %1;\n\t"
+          "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [empty_remote];\n\t}" ::"r"(empty_addr),
+          "r"(0u)
+          : "memory");
+    }
+  }
+  return __shfl_sync(0xffffffffu, item, 0);
+}
+
 template <class ClusterShape_>
 struct PlannedGemmTypes {
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
@@ -78,8 +151,14 @@ struct PlannedGemmTypes {
     alignas(128) typename Mainloop::TensorMapStorage tensormaps;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
     alignas(16) __nv_bfloat16 stage[kPlannedTileM * kStagePitch];
+    PlannedItemRing ring;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  // The carveout above must cover the kernel's own storage: the builder sized the pipeline from it.
+  static_assert(kSmemBytes <= cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
+                "the planned GEMM's shared memory exceeds the SM's");
+  // Readers of each ring slot: the 8 MMA warps of every CTA and the other CTAs' loader warps.
+  static constexpr int kRingReaders = kClusterSize * 8 + (kClusterSize - 1);
 
   struct Params {
     typename Mainloop::Params mainloop;
@@ -90,6 +169,7 @@ struct PlannedGemmTypes {
     unsigned* flags;
     unsigned long long* tile_times;
     PaddingMma padding_mma;  // resolved on the host: never Default
+    int* item_counter;       // dynamic fetch: zeroed by the setup kernel; nullptr: static fetch
   };
 };
 
@@ -144,6 +224,15 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
   const int sm_idx = int(blockIdx.x + blockIdx.y * gridDim.x);
   const int sm_count = int(gridDim.x * gridDim.y);
 
+  const bool dynamic = params.item_counter != nullptr;
+  if (dynamic && thread == 0) {
+    for (int slot = 0; slot < kItemRing; ++slot) {
+      cutlass::arch::ClusterBarrier::init(&smem.ring.full[slot], 1);
+      cutlass::arch::ClusterBarrier::init(&smem.ring.empty[slot], Types::kRingReaders);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+
   typename Pipeline::Params pipe_params;
   if (warp_group == 0 && warp_in_group == 0) pipe_params.role = Pipeline::ThreadCategory::Producer;
   if (warp_group > 0) pipe_params.role = Pipeline::ThreadCategory::Consumer;
@@ -153,8 +242,8 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
   pipe_params.transaction_bytes = params.mainloop.tma_transaction_bytes;
   Pipeline pipeline(smem.pipeline, pipe_params, ClusterShape{});
 
-  // The pipeline barriers of every CTA of the cluster must be initialised before any TMA
-  // multicast or remote arrive touches them.
+  // The pipeline and ring barriers of every CTA of the cluster must be initialised before any
+  // TMA multicast or remote arrive touches them.
   if constexpr (Types::kClusterSize > 1) {
     cute::cluster_arrive_relaxed();
     cute::cluster_wait();
@@ -167,9 +256,17 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
   const int k_tiles = (params.K + int(size<2>(TileShape{})) - 1) / int(size<2>(TileShape{}));
   Mainloop mainloop;
 
+  // Item number seq of this cluster's sequence (-1: no more) for the static fetch.
+  const auto static_item = [&](int seq) {
+    const int item = cluster_id + seq * clusters;
+    return item < items ? item : -1;
+  };
+  const bool claimer = dynamic && rank_in_cluster == 0;
+
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
-    if (warp_in_group != 0) return;
+  }
+  if (warp_group == 0 && warp_in_group == 0) {
     auto tensormaps = mainloop.tensormaps_init(params.mainloop, smem.tensormaps, sm_count, sm_idx);
     auto write_state = cutlass::make_producer_start_state<Pipeline>();
     const auto problem = make_shape(params.a_rows, params.N, params.K, 1);
@@ -177,7 +274,23 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     Tensor mB = params.mainloop.tma_load_b.get_tma_tensor(make_shape(params.N, params.K, 1));
     Tensor gB_nkl = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
     int group = -1;
-    for (int item = cluster_id; item < items; item += clusters) {
+    // The claimer claims one item ahead, so the mates learn their next item while this one's
+    // loads are issued.
+    const auto claim = [&](int seq) {
+      const int item = lane == 0 ? planned_ring_claim<Types::kClusterSize>(smem.ring, seq, params.item_counter, items) : 0;
+      return __shfl_sync(0xffffffffu, item, 0);
+    };
+    int next = claimer ? claim(0) : 0;
+    for (int seq = 0;; ++seq) {
+      int item;
+      if (claimer) {
+        item = next;
+        if (item < 0) break;
+        next = claim(seq + 1);
+      } else {
+        item = dynamic ? planned_ring_read(smem.ring, seq, lane) : static_item(seq);
+        if (item < 0) break;
+      }
       const GemmTileEntry e = params.table[item * Types::kClusterSize + int(rank_in_cluster)];
       if (e.group != group) {
         // The whole warp read the smem descriptors (cp_fence_release) for the previous group;
@@ -201,90 +314,98 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     }
     // Do not leave while a mate may still multicast into this CTA or release its stages.
     mainloop.load_tail(pipeline, write_state);
-    return;
-  }
+  } else if (warp_group > 0) {
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int mma_thread = thread - 128;
+    TiledMma tiled_mma;
+    auto read_state = typename Mainloop::PipelineState{};
+    auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
+    Tensor tile_coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
+    constexpr int kPasses = kEpilogue == PlannedEpilogue::SwiGLU ? 1 : 2;
+    constexpr int kOutTileCols = kEpilogue == PlannedEpilogue::SwiGLU ? kPlannedTileN / 2 : kPlannedTileN;
+    __nv_bfloat16* stage = smem.stage;
 
-  cutlass::arch::warpgroup_reg_alloc<232>();
-  const int mma_thread = thread - 128;
-  TiledMma tiled_mma;
-  auto read_state = typename Mainloop::PipelineState{};
-  auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
-  Tensor tile_coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
-  constexpr int kPasses = kEpilogue == PlannedEpilogue::SwiGLU ? 1 : 2;
-  constexpr int kOutTileCols = kEpilogue == PlannedEpilogue::SwiGLU ? kPlannedTileN / 2 : kPlannedTileN;
-  __nv_bfloat16* stage = smem.stage;
+    for (int seq = 0;; ++seq) {
+      const int item = dynamic ? planned_ring_read(smem.ring, seq, lane) : static_item(seq);
+      if (item < 0) break;
+      const int index = item * Types::kClusterSize + int(rank_in_cluster);
+      const GemmTileEntry e = params.table[index];
+      if (params.tile_times != nullptr && mma_thread == 0) params.tile_times[2 * index] = planned_globaltimer();
 
-  for (int item = cluster_id; item < items; item += clusters) {
-    const int index = item * Types::kClusterSize + int(rank_in_cluster);
-    const GemmTileEntry e = params.table[index];
-    if (params.tile_times != nullptr && mma_thread == 0) params.tile_times[2 * index] = planned_globaltimer();
-
-    Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
-    const bool half_is_padding = mma_thread / 128 * kRowsPerWarpGroup >= e.rows;
-    if (half_is_padding && (params.padding_mma == PaddingMma::SkipAll ||
-                            (params.padding_mma == PaddingMma::SkipHalfTiles && e.rows > 0))) {
-      // Every row of this warp group's half is padding (a band of <= 64 rows, or a cluster's
-      // padding mate): consume the stages without MMAs, so the other warp group has the tensor
-      // cores to itself (the tile takes about half the time) and the loads, which a cluster
-      // mate may share, are released as usual.
-      auto state = read_state;
-      for (int k = 0; k < k_tiles; ++k) {
-        pipeline.consumer_wait(state);
-        pipeline.consumer_release(state);
-        ++state;
+      Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
+      const bool half_is_padding = mma_thread / 128 * kRowsPerWarpGroup >= e.rows;
+      if (half_is_padding && (params.padding_mma == PaddingMma::SkipAll ||
+                              (params.padding_mma == PaddingMma::SkipHalfTiles && e.rows > 0))) {
+        // Every row of this warp group's half is padding (a band of <= 64 rows, or a cluster's
+        // padding mate): consume the stages without MMAs, so the other warp group has the tensor
+        // cores to itself (the tile takes about half the time) and the loads, which a cluster
+        // mate may share, are released as usual.
+        auto state = read_state;
+        for (int k = 0; k < k_tiles; ++k) {
+          pipeline.consumer_wait(state);
+          pipeline.consumer_release(state);
+          ++state;
+        }
+        clear(accum);
+      } else {
+        mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, smem.mainloop, params.mainloop);
+        mainloop.mma_tail(pipeline, read_state, k_tiles);
       }
-      clear(accum);
-    } else {
-      mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, smem.mainloop, params.mainloop);
-      mainloop.mma_tail(pipeline, read_state, k_tiles);
-    }
-    read_state.advance(k_tiles);
+      read_state.advance(k_tiles);
 
-    const int64_t col_base = int64_t(e.col_tile) * kOutTileCols;
-    CUTLASS_PRAGMA_UNROLL
-    for (int pass = 0; pass < kPasses; ++pass) {
-      // accum(i), accum(i + 1) (i even) are columns c, c + 1 of one row (the wgmma accumulator
-      // layout): SwiGLU's gate and up, or two neighbours stored as one bf16x2 word (half the
-      // smem store instructions of element-wise stores; a pass boundary, 128, is even).
+      const int64_t col_base = int64_t(e.col_tile) * kOutTileCols;
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(accum); i += 2) {
-        const int r = get<0>(tile_coord(i));
-        const int c = get<1>(tile_coord(i));
-        if constexpr (kEpilogue == PlannedEpilogue::SwiGLU) {
-          stage[r * kStagePitch + c / 2] = __float2bfloat16_rn(planned_silu(accum(i)) * accum(i + 1));
-        } else {
-          const int sc = c - pass * kStageCols;
-          if (sc >= 0 && sc < kStageCols) {
-            const bool gelu = kEpilogue == PlannedEpilogue::GELU;
-            const float v0 = gelu ? planned_gelu(accum(i)) : accum(i);
-            const float v1 = gelu ? planned_gelu(accum(i + 1)) : accum(i + 1);
-            *reinterpret_cast<__nv_bfloat162*>(stage + r * kStagePitch + sc) = __floats2bfloat162_rn(v0, v1);
+      for (int pass = 0; pass < kPasses; ++pass) {
+        // accum(i), accum(i + 1) (i even) are columns c, c + 1 of one row (the wgmma accumulator
+        // layout): SwiGLU's gate and up, or two neighbours stored as one bf16x2 word (half the
+        // smem store instructions of element-wise stores; a pass boundary, 128, is even).
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(accum); i += 2) {
+          const int r = get<0>(tile_coord(i));
+          const int c = get<1>(tile_coord(i));
+          if constexpr (kEpilogue == PlannedEpilogue::SwiGLU) {
+            stage[r * kStagePitch + c / 2] = __float2bfloat16_rn(planned_silu(accum(i)) * accum(i + 1));
+          } else {
+            const int sc = c - pass * kStageCols;
+            if (sc >= 0 && sc < kStageCols) {
+              const bool gelu = kEpilogue == PlannedEpilogue::GELU;
+              const float v0 = gelu ? planned_gelu(accum(i)) : accum(i);
+              const float v1 = gelu ? planned_gelu(accum(i + 1)) : accum(i + 1);
+              *reinterpret_cast<__nv_bfloat162*>(stage + r * kStagePitch + sc) = __floats2bfloat162_rn(v0, v1);
+            }
           }
         }
-      }
-      planned_epilogue_barrier();
-      // 16 chunks of 8 columns per row; only the entry's real rows and the matrix's columns.
-      constexpr int kChunksPerRow = kStageCols / 8;
-      const int64_t pass_col = col_base + pass * kStageCols;
-      for (int chunk = mma_thread; chunk < kPlannedTileM * kChunksPerRow; chunk += kMmaThreads) {
-        const int r = chunk / kChunksPerRow;
-        const int64_t col = pass_col + (chunk % kChunksPerRow) * 8;
-        if (r < e.rows && col < params.n_out) {
-          const uint4 v = *reinterpret_cast<const uint4*>(stage + r * kStagePitch + (chunk % kChunksPerRow) * 8);
-          *reinterpret_cast<uint4*>(params.D + (int64_t(e.row_begin) + r) * params.n_out + col) = v;
+        planned_epilogue_barrier();
+        // 16 chunks of 8 columns per row; only the entry's real rows and the matrix's columns.
+        constexpr int kChunksPerRow = kStageCols / 8;
+        const int64_t pass_col = col_base + pass * kStageCols;
+        for (int chunk = mma_thread; chunk < kPlannedTileM * kChunksPerRow; chunk += kMmaThreads) {
+          const int r = chunk / kChunksPerRow;
+          const int64_t col = pass_col + (chunk % kChunksPerRow) * 8;
+          if (r < e.rows && col < params.n_out) {
+            const uint4 v = *reinterpret_cast<const uint4*>(stage + r * kStagePitch + (chunk % kChunksPerRow) * 8);
+            *reinterpret_cast<uint4*>(params.D + (int64_t(e.row_begin) + r) * params.n_out + col) = v;
+          }
         }
+        planned_epilogue_barrier();
       }
-      planned_epilogue_barrier();
-    }
-    // Every MMA thread's stores are ordered before the barrier above; the fence makes them
-    // visible at GPU scope before the flag (cumulativity), so an acquiring reader sees the tile.
-    if (mma_thread == 0) {
-      if (e.flag >= 0 && params.flags != nullptr) {
-        __threadfence();
-        atomicAdd(params.flags + e.flag, 1u);
+      // Every MMA thread's stores are ordered before the barrier above; the fence makes them
+      // visible at GPU scope before the flag (cumulativity), so an acquiring reader sees the tile.
+      if (mma_thread == 0) {
+        if (e.flag >= 0 && params.flags != nullptr) {
+          __threadfence();
+          atomicAdd(params.flags + e.flag, 1u);
+        }
+        if (params.tile_times != nullptr) params.tile_times[2 * index + 1] = planned_globaltimer();
       }
-      if (params.tile_times != nullptr) params.tile_times[2 * index + 1] = planned_globaltimer();
     }
+  }
+  // The dynamic fetch's mates post into and free slots of each other's ring up to their last
+  // item: no CTA leaves before the whole cluster is done.
+  if (dynamic && Types::kClusterSize > 1) {
+    __syncwarp();
+    cute::cluster_arrive();
+    cute::cluster_wait();
   }
 #else
   // Built without sm_90a: never launched (the host checks the device), but keep the symbol.
@@ -293,12 +414,14 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
 }
 
 // Per group: A's descriptor spans all rows (shape a_rows x K), B's points at the group's weights.
+// Also rewinds the dynamic fetch's item counter (when there is one) for the GEMM that follows.
 template <class Stride>
 __global__ void planned_gemm_setup_kernel(int groups, const cutlass::bfloat16_t* A, int a_rows,
                                           const cutlass::bfloat16_t* B, int N, int K,
                                           const cutlass::bfloat16_t** ptr_A, const cutlass::bfloat16_t** ptr_B,
-                                          Stride* stride_A, Stride* stride_B) {
+                                          Stride* stride_A, Stride* stride_B, int* item_counter) {
   const int g = int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (g == 0 && item_counter != nullptr) *item_counter = 0;
   if (g >= groups) return;
   ptr_A[g] = A;
   ptr_B[g] = B + int64_t(g) * N * K;
@@ -355,15 +478,17 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     if (mode != PaddingMma::Default) return mode;
     return Types::kClusterM > 1 ? PaddingMma::Issue : PaddingMma::SkipAll;
   }
+  static ItemFetch resolve(ItemFetch fetch) { return fetch == ItemFetch::Default ? ItemFetch::Static : fetch; }
 
   void run(cudaStream_t stream, const PlannedGemmRun& r) override {
+    int* item_counter = resolve(r.item_fetch) == ItemFetch::Dynamic ? item_counter_.data() : nullptr;
     planned_gemm_setup_kernel<Stride><<<(r.groups + 127) / 128, 128, 0, stream>>>(
         r.groups, reinterpret_cast<const Element*>(r.A), r.a_rows, reinterpret_cast<const Element*>(r.B), r.N, r.K,
-        ptr_A_.data(), ptr_B_.data(), stride_A_.data(), stride_B_.data());
+        ptr_A_.data(), ptr_B_.data(), stride_A_.data(), stride_B_.data(), item_counter);
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.tile_times, resolve(r.padding_mma)};
+                                  r.D, r.flags, r.tile_times, resolve(r.padding_mma), item_counter};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
@@ -393,6 +518,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
   DeviceArray<const Element*> ptr_A_, ptr_B_;
   DeviceArray<Stride> stride_A_, stride_B_;
   DeviceArray<std::uint8_t> workspace_;
+  DeviceArray<int> item_counter_{1};  // the dynamic fetch's: one run at a time, like the pointer arrays
   typename Mainloop::Params mainloop_params_{};
 };
 
