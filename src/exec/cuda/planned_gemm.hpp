@@ -104,8 +104,11 @@ const char* padding_mma_name(PaddingMma mode);  // "default", "issue", "skip-hal
 
 // How clusters take items from the table. Either way every item runs exactly once and the output
 // bits are the same; only which cluster runs an item, and when, differs.
-//  Default: Static (the dynamic fetch is built and tested; it becomes the default once the
-//           benchmarks show it faster: NOTES.md).
+//  Default: Dynamic where padding MMAs are skipped (c1x2) and K >= 2048, else Static. Measured
+//           on the H200 (BENCHMARKS.md, 2026-12-04): with the skip, the dynamic fetch took the
+//           balanced DeepSeek-V3 GEMMs from 17.3 to 14.2 ms (16384 tokens, GEMM0) and 3.08 to
+//           2.51 ms (4096, GEMM1); where K is short (Qwen3's GEMM1, K 768: 12 K tiles an item)
+//           the hand-off costs 2-8%, and without the skip (c2x1) it gains nothing.
 //  Static:  cluster c of C runs items c, c + C, ...: no shared state, but a cluster that draws
 //           half-cost items (bands of <= 64 rows, skipped padding MMAs) runs ahead of the
 //           others, and the clusters that read one expert's weight slice drift apart.

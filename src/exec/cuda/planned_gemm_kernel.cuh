@@ -478,10 +478,14 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     if (mode != PaddingMma::Default) return mode;
     return Types::kClusterM > 1 ? PaddingMma::Issue : PaddingMma::SkipAll;
   }
-  static ItemFetch resolve(ItemFetch fetch) { return fetch == ItemFetch::Default ? ItemFetch::Static : fetch; }
+  // ItemFetch::Default resolved for this cluster shape and K (see planned_gemm.hpp for why).
+  static ItemFetch resolve(ItemFetch fetch, PaddingMma padding_mma, int K) {
+    if (fetch != ItemFetch::Default) return fetch;
+    return resolve(padding_mma) != PaddingMma::Issue && K >= 2048 ? ItemFetch::Dynamic : ItemFetch::Static;
+  }
 
   void run(cudaStream_t stream, const PlannedGemmRun& r) override {
-    int* item_counter = resolve(r.item_fetch) == ItemFetch::Dynamic ? item_counter_.data() : nullptr;
+    int* item_counter = resolve(r.item_fetch, r.padding_mma, r.K) == ItemFetch::Dynamic ? item_counter_.data() : nullptr;
     planned_gemm_setup_kernel<Stride><<<(r.groups + 127) / 128, 128, 0, stream>>>(
         r.groups, reinterpret_cast<const Element*>(r.A), r.a_rows, reinterpret_cast<const Element*>(r.B), r.N, r.K,
         ptr_A_.data(), ptr_B_.data(), stride_A_.data(), stride_B_.data(), item_counter);
