@@ -6,7 +6,7 @@
 // hundred; this tool separates the variants, each in its own process, and counts.
 //
 //   planned_gemm_stress --cluster c2x1 --padding skip-all --groups 256 --rows 131072 --n 4096 --k 7168
-//                       [--fetch F] [--sm-limit S] [--skew S] [--epilogue swiglu|store] [--iterations I]
+//                       [--fetch F] [--sm-limit S] [--seed N] [--skew S] [--epilogue swiglu|store] [--iterations I]
 //                       [--limit-s L]
 // --skew 0 draws each row's group uniformly; S > 0 with weight (g + 1)^-S (the bench's skewed
 // routing is about S = 1.5). Exit 0: every launch finished; 3: one stalled; 2: bad arguments;
@@ -41,6 +41,7 @@ struct Options {
   cuda::PaddingMma padding = cuda::PaddingMma::Default;
   cuda::ItemFetch fetch = cuda::ItemFetch::Default;
   int sm_limit = 0;
+  unsigned long long seed = 0;  // 0: a fresh one, printed
   int groups = 256, rows = 131072, n = 4096, k = 7168, iterations = 300;
   double skew = 0, limit_s = 10;
 };
@@ -66,6 +67,7 @@ Options parse(int argc, char** argv) {
                                                        {"dynamic", cuda::ItemFetch::Dynamic}};
   app.add_option("--fetch", o.fetch, "item fetch: default, static, dynamic")->transform(CLI::CheckedTransformer(fetches));
   app.add_option("--sm-limit", o.sm_limit, "SMs the GEMM may use (0: all)")->check(CLI::Range(0, 1024));
+  app.add_option("--seed", o.seed, "seed of the row distributions (0: a fresh one)");
   app.add_option("--groups", o.groups, "groups (experts)")->check(CLI::Range(1, 4096));
   app.add_option("--rows", o.rows, "rows of A")->check(CLI::Range(1, 1 << 24));
   app.add_option("--n", o.n, "N (a multiple of 16)")->check(CLI::Range(16, 1 << 16));
@@ -126,9 +128,12 @@ int main(int argc, char** argv) {
     const std::int64_t capacity = cuda::max_tile_entries(o.rows, o.groups, o.n, o.cluster);
     cuda::DeviceArray<cuda::GemmTileEntry> table(static_cast<std::size_t>(capacity));
     cuda::DeviceArray<int> count(1);
-    std::mt19937_64 rng(std::random_device{}());
-    std::printf("planned_gemm_stress: %s, padding MMAs %s, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs\n",
-                cluster_name, padding, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas());
+    const unsigned long long seed =
+        o.seed != 0 ? o.seed : (static_cast<unsigned long long>(std::random_device{}()) << 32) | std::random_device{}();
+    std::mt19937_64 rng(seed);
+    std::printf("planned_gemm_stress: %s, padding MMAs %s, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs, "
+                "seed %llu\n",
+                cluster_name, padding, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas(), seed);
     const auto started = std::chrono::steady_clock::now();
     for (int it = 0; it < o.iterations; ++it) {
       const std::vector<int> offsets = draw_offsets(o, rng);

@@ -57,15 +57,17 @@ nccl_lib=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/d
 system_nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl.so.2 /{print $NF; exit}')
 
 # The layer's 1024-expert case in the planned GEMM alone (1-row groups) under racecheck: every
-# padding-MMA mode the layer uses and both item fetches; then the same shape launched thousands
-# of times unsanitized.
+# padding-MMA mode the layer uses and both item fetches, at the case's 1024 groups and at 512;
+# then the 1024-group shape launched thousands of times unsanitized. The skip-all variants at
+# 1024 groups did not finish under racecheck (2026-12-04, both fetches; 512 and 768 groups and
+# skip-half finish in 2 s; unsanitized they run clean): an open question, so they stay in the verdict.
 race_tiny() {
   local variant
-  for variant in "issue static" "skip-all static" "skip-all dynamic"; do
+  for variant in "issue static 1024" "skip-all static 512" "skip-all dynamic 512" "skip-all static 1024" "skip-all dynamic 1024"; do
     set -- $variant
-    run_step "racecheck tiny c1x2 $1 $2" timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      "$bin/planned_gemm_stress" --cluster c1x2 --padding "$1" --fetch "$2" --groups 1024 --rows 512 --n 256 --k 128 \
-      --iterations 1 --limit-s 100
+    run_step "racecheck tiny c1x2 $1 $2 $3 groups" timeout 70 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$bin/planned_gemm_stress" --cluster c1x2 --padding "$1" --fetch "$2" --groups "$3" --rows $(($3 / 2)) --n 256 --k 128 \
+      --iterations 1 --limit-s 60
   done
   run_step "stress tiny c1x2" timeout 120 "$bin/planned_gemm_stress" --cluster c1x2 --groups 1024 --rows 512 --n 256 --k 128 --iterations 3000 --limit-s 5
 }
@@ -94,9 +96,10 @@ for step in "${steps[@]}"; do
       mapfile -t race_cases < <("$bin/test_moe_layer" --small --list)
       if [ ${#race_cases[@]} -eq 0 ]; then echo "== racecheck: FAIL (test_moe_layer --small --list named no case)" | tee -a "$log"; status=1; fi
       for case in "${race_cases[@]}"; do
-        # the 1024-expert case does not finish under racecheck in 240 s (nor did it print a stage:
-        # the host sits in a CUDA call), while every kernel of it is clean on its own (NOTES.md,
-        # 2026-12-04): its GEMMs are racechecked on the same shape below, the whole case in race-1024
+        # the 1024-expert case does not finish under racecheck in 240 s (nor does it print a stage:
+        # the host sits in a CUDA call); its planned GEMM with the padding skip does not finish
+        # under racecheck either (race_tiny below, which keeps that in the verdict): the whole
+        # case runs in race-1024 (NOTES.md, 2026-12-04)
         [ "$case" = "1024 experts" ] && continue
         run_step "racecheck $case" timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small --case "$case" --wait-limit-s 200
       done
