@@ -93,32 +93,30 @@ def main(bench_path, torch_path=None):
             print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_ms']:.3f} "
                   f"| {p['gemm0_flags_ms'] / p['gemm0_ms']:.3f}x | {p['gemm1_ms']:.3f} "
                   f"| {p['gemm1_flags_ms'] / p['gemm1_ms']:.3f}x | {p['gemm1_flags_times_ms'] / p['gemm1_ms']:.3f}x |")
-    print("\nThe padding-MMA skip: the planned GEMM in its default mode (1x2 skips the MMAs of warp groups"
-          " whose 64 rows are all padding, 2x1 issues them) against the same tiles with every MMA issued"
-          " (ms; below 1.00x the default is faster):\n")
-    print("| shape | tokens | routing | cluster | GEMM0 default | GEMM0 all MMAs | default / all | GEMM1 default "
-          "| GEMM1 all MMAs | default / all |")
+    print_planned_ab(layers, "The padding-MMA skip: the planned GEMM in its default mode (1x2 skips the MMAs of warp"
+                     " groups whose 64 rows are all padding, 2x1 issues them) against the same tiles with every MMA"
+                     " issued (ms; below 1.00x the default is faster)", ("default", ""), ("all MMAs", "_all_mma"))
+    print_planned_ab(layers, "The item fetch: the planned GEMM (default padding MMAs) with clusters taking items in a"
+                     " static stride against claiming the next item from a counter (ms; below 1.00x the dynamic fetch"
+                     " is faster)", ("dynamic", "_dynamic"), ("static", "_static"))
+
+
+def print_planned_ab(layers, title, a, b):
+    """One A/B table of the planned GEMMs alone: variant a against variant b, each a (label, key
+    infix) pair naming gemm0<infix>_ms / gemm1<infix>_ms; runs without those keys are skipped."""
+    (a_name, a_key), (b_name, b_key) = a, b
+    print(f"\n{title}:\n")
+    print(f"| shape | tokens | routing | cluster | GEMM0 {a_name} | GEMM0 {b_name} | {a_name} / {b_name} "
+          f"| GEMM1 {a_name} | GEMM1 {b_name} | {a_name} / {b_name} |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in layers:
         for cl, p in r["planned_ms"].items():
-            if "gemm0_all_mma_ms" not in p:
-                continue  # runs from before the all-MMA timing
-            print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_ms']:.3f} | {p['gemm0_all_mma_ms']:.3f} "
-                  f"| {p['gemm0_ms'] / p['gemm0_all_mma_ms']:.2f}x | {p['gemm1_ms']:.3f} | {p['gemm1_all_mma_ms']:.3f} "
-                  f"| {p['gemm1_ms'] / p['gemm1_all_mma_ms']:.2f}x |")
-    print("\nThe item fetch: the planned GEMM (default padding MMAs) with clusters taking items in a static"
-          " stride against claiming the next item from a counter (ms; below 1.00x the dynamic fetch is faster):\n")
-    print("| shape | tokens | routing | cluster | GEMM0 static | GEMM0 dynamic | dynamic / static | GEMM1 static "
-          "| GEMM1 dynamic | dynamic / static |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in layers:
-        for cl, p in r["planned_ms"].items():
-            if "gemm0_dynamic_ms" not in p:
-                continue  # runs from before the dynamic fetch
-            print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_static_ms']:.3f} "
-                  f"| {p['gemm0_dynamic_ms']:.3f} | {p['gemm0_dynamic_ms'] / p['gemm0_static_ms']:.2f}x "
-                  f"| {p['gemm1_static_ms']:.3f} | {p['gemm1_dynamic_ms']:.3f} "
-                  f"| {p['gemm1_dynamic_ms'] / p['gemm1_static_ms']:.2f}x |")
+            keys = [f"gemm{g}{k}_ms" for g in (0, 1) for k in (a_key, b_key)]
+            if any(k not in p for k in keys):
+                continue  # runs from before this timing
+            g0a, g0b, g1a, g1b = (p[k] for k in keys)
+            print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {g0a:.3f} | {g0b:.3f} | {g0a / g0b:.2f}x "
+                  f"| {g1a:.3f} | {g1b:.3f} | {g1a / g1b:.2f}x |")
 
 
 # NVML clocks-event reasons (nvml.h): the ones that lower the SM clock under load
