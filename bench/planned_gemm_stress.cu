@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
   const char* cluster_name = cuda::planned_cluster_name(o.cluster);
   // "skip-all, dynamic fetch": the variant every line names
   const std::string variant_text = std::string(cuda::padding_mma_name(o.padding)) + ", " + cuda::item_fetch_name(o.fetch) + " fetch";
-  const char* padding = variant_text.c_str();
+  const char* variant = variant_text.c_str();
   try {
     cudaStream_t s;
     TILEMOE_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(seed);
     std::printf("planned_gemm_stress: %s, padding MMAs %s, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs, "
                 "seed %llu\n",
-                cluster_name, padding, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas(), seed);
+                cluster_name, variant, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas(), seed);
     const auto started = std::chrono::steady_clock::now();
     for (int it = 0; it < o.iterations; ++it) {
       const std::vector<int> offsets = draw_offsets(o, rng);
@@ -159,13 +159,13 @@ int main(int argc, char** argv) {
       if (!cuda::wait_for_stream(s, limit)) {
         std::printf("planned_gemm_stress: STALL: launch %d of %d (%s, padding MMAs %s, %d entries) has not finished after %.1f s; "
                     "%s\n",
-                    it + 1, o.iterations, cluster_name, padding, entries, o.limit_s, describe(offsets).c_str());
+                    it + 1, o.iterations, cluster_name, variant, entries, o.limit_s, describe(offsets).c_str());
         std::fflush(stdout);
         std::_Exit(3);  // the stalled kernel cannot be waited for or torn down cleanly
       }
     }
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    std::printf("planned_gemm_stress: %s, padding MMAs %s: %d of %d launches finished (%.1f s)\n", cluster_name, padding,
+    std::printf("planned_gemm_stress: %s, padding MMAs %s: %d of %d launches finished (%.1f s)\n", cluster_name, variant,
                 o.iterations, o.iterations, wall);
     cudaStreamDestroy(s);
   } catch (const std::exception& e) {

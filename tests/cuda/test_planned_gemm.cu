@@ -276,14 +276,28 @@ PlannedGemmRun make_run(const Problem& p, const Table& t, Output& out, unsigned*
   return r;
 }
 
+// One run into a poisoned output; padding_mma and item_fetch pick the variant (Default: the
+// GEMM's own choice).
 std::vector<std::uint16_t> run_once(PlannedGemm& gemm, const Problem& p, const Table& t, cudaStream_t s,
-                                    unsigned* flags = nullptr) {
+                                    unsigned* flags = nullptr, PaddingMma padding_mma = PaddingMma::Default,
+                                    ItemFetch item_fetch = ItemFetch::Default) {
   Output out(p);
   out.poison(s);
-  gemm.run(s, make_run(p, t, out, flags));
+  PlannedGemmRun r = make_run(p, t, out, flags);
+  r.padding_mma = padding_mma;
+  r.item_fetch = item_fetch;
+  gemm.run(s, r);
   CK(cudaStreamSynchronize(s));
   CK(cudaGetLastError());
   return out.bits();
+}
+
+// Per-tile flags of `table` not at `runs` (flag -1: not at 0) after that many runs.
+std::size_t flags_off(const std::vector<GemmTileEntry>& table, const Dev<unsigned>& flags, unsigned runs) {
+  const std::vector<unsigned> f = flags.get();
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < table.size(); ++i) off += f[i] != (table[i].flag >= 0 ? runs : 0u);
+  return off;
 }
 
 // Cluster items (mate pairs) in a random order: the same tiles, another schedule.
@@ -349,9 +363,7 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
       const std::vector<std::uint16_t> d2 = run_once(gemm, p, table, s, flags.p);
       check_against_reference(label, p, d1);
       expect(d1 == d2, label + ": two runs differ");
-      std::size_t wrong_flags = 0;
-      const std::vector<unsigned> f = flags.get();
-      for (std::size_t i = 0; i < host.size(); ++i) wrong_flags += f[i] != (host[i].flag >= 0 ? 2u : 0u);
+      const std::size_t wrong_flags = flags_off(host, flags, 2);
       expect(wrong_flags == 0, label + ": " + std::to_string(wrong_flags) + " per-tile flags not at 2 after 2 runs");
 
       // every warp group issuing its MMAs, padding rows or not, or (c1x2) only half tiles
@@ -359,14 +371,8 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
       // both hung under planned_gemm_stress.
       for (PaddingMma mode : {PaddingMma::Issue, PaddingMma::SkipHalfTiles}) {
         if (mode == PaddingMma::SkipHalfTiles && cl == PlannedCluster::M2) continue;
-        Output other(p);
-        other.poison(s);
-        PlannedGemmRun r = make_run(p, table, other);
-        r.padding_mma = mode;
-        gemm.run(s, r);
-        CK(cudaStreamSynchronize(s));
-        CK(cudaGetLastError());
-        expect(other.bits() == d1, label + ": padding MMAs '" + padding_mma_name(mode) + "' change the bits");
+        expect(run_once(gemm, p, table, s, nullptr, mode) == d1,
+               label + ": padding MMAs '" + padding_mma_name(mode) + "' change the bits");
       }
       // the item fetch: static stride or claimed from a counter, on the full grid and on 4
       // clusters (many items each), run twice (the counter rewinds): every tile once, the same
@@ -379,18 +385,10 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
           Dev<unsigned> fetch_flags(std::max<std::size_t>(host.size(), 1));
           CK(cudaMemset(fetch_flags.p, 0, fetch_flags.n * 4));
           for (int again = 0; again < 2; ++again) {
-            Output other(p);
-            other.poison(s);
-            PlannedGemmRun r = make_run(p, table, other, fetch_flags.p);
-            r.item_fetch = fetch;
-            g->run(s, r);
-            CK(cudaStreamSynchronize(s));
-            CK(cudaGetLastError());
-            expect(other.bits() == d1, what + ", run " + std::to_string(again + 1) + ": the bits differ");
+            expect(run_once(*g, p, table, s, fetch_flags.p, PaddingMma::Default, fetch) == d1,
+                   what + ", run " + std::to_string(again + 1) + ": the bits differ");
           }
-          std::size_t off = 0;
-          const std::vector<unsigned> ff = fetch_flags.get();
-          for (std::size_t i = 0; i < host.size(); ++i) off += ff[i] != (host[i].flag >= 0 ? 2u : 0u);
+          const std::size_t off = flags_off(host, fetch_flags, 2);
           expect(off == 0, what + ": " + std::to_string(off) + " per-tile flags not at 2 after 2 runs");
         }
       }

@@ -478,21 +478,22 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     if (mode != PaddingMma::Default) return mode;
     return Types::kClusterM > 1 ? PaddingMma::Issue : PaddingMma::SkipAll;
   }
-  // ItemFetch::Default resolved for this cluster shape and K (see planned_gemm.hpp for why).
+  // ItemFetch::Default resolved for the run's (resolved) padding mode and K (see planned_gemm.hpp).
   static ItemFetch resolve(ItemFetch fetch, PaddingMma padding_mma, int K) {
     if (fetch != ItemFetch::Default) return fetch;
-    return resolve(padding_mma) != PaddingMma::Issue && K >= 2048 ? ItemFetch::Dynamic : ItemFetch::Static;
+    return padding_mma != PaddingMma::Issue && K >= 2048 ? ItemFetch::Dynamic : ItemFetch::Static;
   }
 
   void run(cudaStream_t stream, const PlannedGemmRun& r) override {
-    int* item_counter = resolve(r.item_fetch, r.padding_mma, r.K) == ItemFetch::Dynamic ? item_counter_.data() : nullptr;
+    const PaddingMma padding_mma = resolve(r.padding_mma);
+    int* item_counter = resolve(r.item_fetch, padding_mma, r.K) == ItemFetch::Dynamic ? item_counter_.data() : nullptr;
     planned_gemm_setup_kernel<Stride><<<(r.groups + 127) / 128, 128, 0, stream>>>(
         r.groups, reinterpret_cast<const Element*>(r.A), r.a_rows, reinterpret_cast<const Element*>(r.B), r.N, r.K,
         ptr_A_.data(), ptr_B_.data(), stride_A_.data(), stride_B_.data(), item_counter);
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.tile_times, resolve(r.padding_mma), item_counter};
+                                  r.D, r.flags, r.tile_times, padding_mma, item_counter};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
