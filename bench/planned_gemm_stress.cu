@@ -7,10 +7,12 @@
 //
 //   planned_gemm_stress --cluster c2x1 --padding skip-all --groups 256 --rows 131072 --n 4096 --k 7168
 //                       [--fetch F] [--sm-limit S] [--seed N] [--skew S] [--epilogue swiglu|store] [--iterations I]
-//                       [--limit-s L]
+//                       [--limit-s L] [--probe]
 // --skew 0 draws each row's group uniformly; S > 0 with weight (g + 1)^-S (the bench's skewed
 // routing is about S = 1.5). Exit 0: every launch finished; 3: one stalled; 2: bad arguments;
-// 1: a CUDA error.
+// 1: a CUDA error. --probe has the kernel record where each role of each CTA is
+// (planned_gemm_probe.hpp) in mapped host memory; a stalled launch then prints two snapshots'
+// account, a few seconds apart: which waits the roles sit in, and whether anything still moves.
 #include <cuda_runtime.h>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +25,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/cuda/bounded_sync.hpp"
@@ -30,6 +33,7 @@
 #include "exec/cuda/device_array.hpp"
 #include "exec/cuda/moe_kernels.hpp"
 #include "exec/cuda/planned_gemm.hpp"
+#include "exec/cuda/planned_gemm_probe.hpp"
 
 using namespace tilemoe;
 
@@ -44,6 +48,7 @@ struct Options {
   unsigned long long seed = 0;  // 0: a fresh one, printed
   int groups = 256, rows = 131072, n = 4096, k = 7168, iterations = 300;
   double skew = 0, limit_s = 10;
+  bool probe = false;
 };
 
 // Typed options with ranges (CLI11): a bad value is refused with exit code 2, never read as 0.
@@ -75,6 +80,7 @@ Options parse(int argc, char** argv) {
   app.add_option("--iterations", o.iterations, "launches")->check(CLI::Range(1, 1 << 20));
   app.add_option("--skew", o.skew, "0: uniform groups; S > 0: weight (g + 1)^-S")->check(CLI::Range(0.0, 16.0));
   app.add_option("--limit-s", o.limit_s, "seconds a launch may take")->check(CLI::Range(0.001, 3600.0));
+  app.add_flag("--probe", o.probe, "record where each CTA's roles are; a stall prints where they wait");
   try {
     app.parse(argc, argv);
     if (o.n % 16 != 0 || o.k % 8 != 0) throw CLI::ValidationError("--n must be a multiple of 16 and --k of 8");
@@ -131,6 +137,25 @@ int main(int argc, char** argv) {
     const unsigned long long seed =
         o.seed != 0 ? o.seed : (static_cast<unsigned long long>(std::random_device{}()) << 32) | std::random_device{}();
     std::mt19937_64 rng(seed);
+    // The probe's records in mapped host memory: readable here while a launch is stalled.
+    const std::size_t probe_records = std::size_t(gemm.grid_ctas()) * cuda::kProbeRoles;
+    cuda::PlannedProbeRecord* probe_host = nullptr;
+    cuda::PlannedProbeRecord* probe_device = nullptr;
+    if (o.probe) {
+      TILEMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&probe_host), probe_records * sizeof(cuda::PlannedProbeRecord),
+                                       cudaHostAllocMapped));
+      TILEMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&probe_device), probe_host, 0));
+    }
+    const auto snapshot = [&] {
+      std::vector<cuda::PlannedProbeRecord> records(probe_records);
+      for (std::size_t i = 0; i < probe_records; ++i) {
+        // volatile: the kernel is writing these while we read
+        const volatile int* src = reinterpret_cast<const volatile int*>(probe_host + i);
+        int* dst = reinterpret_cast<int*>(&records[i]);
+        for (std::size_t w = 0; w < sizeof(cuda::PlannedProbeRecord) / sizeof(int); ++w) dst[w] = src[w];
+      }
+      return records;
+    };
     std::printf("planned_gemm_stress: %s, padding MMAs %s, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs, "
                 "seed %llu\n",
                 cluster_name, variant, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas(), seed);
@@ -154,12 +179,22 @@ int main(int argc, char** argv) {
       r.K = o.k;
       r.padding_mma = o.padding;
       r.item_fetch = o.fetch;
+      if (probe_host != nullptr) {
+        std::fill(probe_host, probe_host + probe_records, cuda::PlannedProbeRecord{});  // the last launch finished
+        r.probe = probe_device;
+      }
       gemm.run(s, r);
       const auto limit = std::chrono::milliseconds(static_cast<long long>(o.limit_s * 1000));
       if (!cuda::wait_for_stream(s, limit)) {
         std::printf("planned_gemm_stress: STALL: launch %d of %d (%s, padding MMAs %s, %d entries) has not finished after %.1f s; "
                     "%s\n",
                     it + 1, o.iterations, cluster_name, variant, entries, o.limit_s, describe(offsets).c_str());
+        if (probe_host != nullptr) {
+          const auto first = snapshot();
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+          const int cluster_size = 2;  // both planned clusters are pairs
+          std::printf("%s", cuda::describe_probe(first, snapshot(), cluster_size, host_table).c_str());
+        }
         std::fflush(stdout);
         std::_Exit(3);  // the stalled kernel cannot be waited for or torn down cleanly
       }
@@ -167,6 +202,16 @@ int main(int argc, char** argv) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::printf("planned_gemm_stress: %s, padding MMAs %s: %d of %d launches finished (%.1f s)\n", cluster_name, variant,
                 o.iterations, o.iterations, wall);
+    if (probe_host != nullptr) {
+      // every role of the last launch reached the end
+      const auto last = snapshot();
+      const int finished = static_cast<int>(std::count_if(last.begin(), last.end(), [](const cuda::PlannedProbeRecord& p) {
+        return static_cast<cuda::ProbeStep>(p.step) == cuda::ProbeStep::Done;
+      }));
+      std::printf("planned_gemm_stress: probe: %d of %zu roles of the last launch done\n", finished, probe_records);
+      cudaFreeHost(probe_host);
+      if (finished != static_cast<int>(probe_records)) return 1;
+    }
     cudaStreamDestroy(s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "planned_gemm_stress: %s\n", e.what());

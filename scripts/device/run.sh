@@ -148,6 +148,24 @@ for step in "${steps[@]}"; do
       done
       grep -c "STALL: .*c2x1" "$log" | sed 's/^/== stress-known-hang: stalls found in this log: /' | tee -a "$log"
       status=$keep ;;
+    hang-probe)  # diagnosis, outside the call's verdict: the known stalls with the kernel's probe
+      # (planned_gemm_probe.hpp), so a stall prints which wait each role of each CTA sits in and
+      # whether anything still moves; synccheck on the same shapes
+      keep=$status
+      for padding in skip-all skip-half; do
+        run_step "hang-probe c2x1 $padding" timeout 120 "$bin/planned_gemm_stress" --cluster c2x1 --padding $padding \
+          --groups 256 --rows 131072 --n 4096 --k 7168 --iterations 400 --limit-s 5 --probe
+      done
+      run_step "hang-probe racecheck c1x2 skip-all 1024 groups" timeout 110 compute-sanitizer --tool racecheck \
+        --error-exitcode 9 "$bin/planned_gemm_stress" --cluster c1x2 --padding skip-all --fetch static --groups 1024 \
+        --rows 512 --n 256 --k 128 --iterations 1 --limit-s 60 --probe --seed 7
+      run_step "hang-probe synccheck c1x2 skip-all 1024 groups" timeout 110 compute-sanitizer --tool synccheck \
+        --error-exitcode 9 "$bin/planned_gemm_stress" --cluster c1x2 --padding skip-all --fetch static --groups 1024 \
+        --rows 512 --n 256 --k 128 --iterations 1 --limit-s 60 --probe --seed 7
+      run_step "hang-probe synccheck c2x1 skip-all" timeout 110 compute-sanitizer --tool synccheck \
+        --error-exitcode 9 "$bin/planned_gemm_stress" --cluster c2x1 --padding skip-all --groups 64 \
+        --rows 8192 --n 1024 --k 1024 --iterations 2 --limit-s 60 --probe --seed 7
+      status=$keep ;;
     bench-repro)  # the case a sweep sat in for minutes (2026-12-04), three times over, each stall named
       for run in 1 2 3; do
         run_step "bench-repro $run" "$bin/cuda_layer_bench" --case qwen3-30b-a3b:16384 --stall-limit-s 30 \

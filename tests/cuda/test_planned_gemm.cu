@@ -27,6 +27,7 @@
 
 #include "exec/cuda/grouped_gemm.hpp"
 #include "exec/cuda/planned_gemm.hpp"
+#include "exec/cuda/planned_gemm_probe.hpp"
 #include "tilemoe/error.hpp"
 #include "sm90_device.hpp"
 
@@ -292,6 +293,42 @@ std::vector<std::uint16_t> run_once(PlannedGemm& gemm, const Problem& p, const T
   return out.bits();
 }
 
+// A run with the probe (planned_gemm_probe.hpp) in mapped host memory: the same bits, every role
+// of every CTA done, and the pipeline counts add up: each CTA's loader and both its MMA warp
+// groups passed the same K tiles through the stages, and all CTAs together K tiles x entries.
+void check_probe(const std::string& label, PlannedGemm& gemm, const Problem& p, const Table& t,
+                 const std::vector<std::uint16_t>& bits, cudaStream_t s, ItemFetch fetch) {
+  const std::size_t records = std::size_t(gemm.grid_ctas()) * kProbeRoles;
+  PlannedProbeRecord* host = nullptr;
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&host), records * sizeof(PlannedProbeRecord), cudaHostAllocMapped));
+  std::fill(host, host + records, PlannedProbeRecord{});
+  PlannedProbeRecord* device = nullptr;
+  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0));
+  Output out(p);
+  out.poison(s);
+  PlannedGemmRun r = make_run(p, t, out, nullptr);
+  r.item_fetch = fetch;
+  r.probe = device;
+  gemm.run(s, r);
+  CK(cudaStreamSynchronize(s));
+  CK(cudaGetLastError());
+  expect(out.bits() == bits, label + ": a run with the probe changes the bits");
+  long long not_done = 0, mismatched = 0, total = 0;
+  for (std::size_t cta = 0; cta < records / kProbeRoles; ++cta) {
+    const PlannedProbeRecord* role = host + cta * kProbeRoles;
+    for (int i = 0; i < kProbeRoles; ++i) not_done += static_cast<ProbeStep>(role[i].step) != ProbeStep::Done;
+    mismatched += role[1].count != role[0].count || role[2].count != role[0].count;
+    total += role[0].count;
+  }
+  const long long k_tiles = (p.K + 63) / 64;
+  expect(not_done == 0, label + ": " + std::to_string(not_done) + " probe roles not done after the run");
+  expect(mismatched == 0, label + ": " + std::to_string(mismatched) + " CTAs whose roles' pipeline counts differ");
+  expect(total == k_tiles * static_cast<long long>(t.d.n),
+         label + ": the loaders passed " + std::to_string(total) + " K tiles, not " + std::to_string(k_tiles) + " x " +
+             std::to_string(t.d.n) + " entries");
+  CK(cudaFreeHost(host));
+}
+
 // Per-tile flags of `table` not at `runs` (flag -1: not at 0) after that many runs.
 std::size_t flags_off(const std::vector<GemmTileEntry>& table, const Dev<unsigned>& flags, unsigned runs) {
   const std::vector<unsigned> f = flags.get();
@@ -390,6 +427,7 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
           }
           const std::size_t off = flags_off(host, fetch_flags, 2);
           expect(off == 0, what + ": " + std::to_string(off) + " per-tile flags not at 2 after 2 runs");
+          check_probe(what, *g, p, table, d1, s, fetch);
         }
       }
 

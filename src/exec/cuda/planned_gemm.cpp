@@ -86,6 +86,7 @@ void PlannedGemm::run(cudaStream_t stream, const PlannedGemmRun& r) {
   if (r.table == nullptr || r.count == nullptr) fail("the tile table and its count are required");
   if (r.A == nullptr || r.B == nullptr || r.D == nullptr) fail("A, B and D are required");
   if (!aligned16(r.A) || !aligned16(r.B) || !aligned16(r.D)) fail("A, B and D must be 16-byte aligned");
+  if (r.probe != nullptr && !aligned16(r.probe)) fail("the probe records must be 16-byte aligned");
   backend_->impl->run(stream, r);
 }
 

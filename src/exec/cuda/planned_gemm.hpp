@@ -118,6 +118,8 @@ const char* padding_mma_name(PaddingMma mode);  // "default", "issue", "skip-hal
 enum class ItemFetch { Default, Static, Dynamic };
 const char* item_fetch_name(ItemFetch fetch);  // "default", "static", "dynamic"
 
+struct PlannedProbeRecord;  // planned_gemm_probe.hpp
+
 struct PlannedGemmRun {
   const GemmTileEntry* table = nullptr;  // device
   const int* count = nullptr;            // device: number of entries (a multiple of the cluster size)
@@ -132,6 +134,8 @@ struct PlannedGemmRun {
                                                 // start of the tile's MMAs and after its flag
   PaddingMma padding_mma = PaddingMma::Default;  // see PaddingMma (others: A/B measurements, stress)
   ItemFetch item_fetch = ItemFetch::Default;     // see ItemFetch
+  PlannedProbeRecord* probe = nullptr;  // optional, 16-byte aligned [grid_ctas() * kProbeRoles]:
+                                        // where each role is (planned_gemm_probe.hpp; diagnosis)
 };
 
 class PlannedGemm {

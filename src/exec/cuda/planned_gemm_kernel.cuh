@@ -39,6 +39,7 @@
 #include "exec/cuda/device_array.hpp"
 #include "exec/cuda/planned_gemm.hpp"
 #include "exec/cuda/planned_gemm_backend.hpp"
+#include "exec/cuda/planned_gemm_probe.hpp"
 #include "tilemoe/error.hpp"
 
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 900) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -170,6 +171,7 @@ struct PlannedGemmTypes {
     unsigned long long* tile_times;
     PaddingMma padding_mma;  // resolved on the host: never Default
     int* item_counter;       // dynamic fetch: zeroed by the setup kernel; nullptr: static fetch
+    PlannedProbeRecord* probe;  // optional [grid CTAs][kProbeRoles], cluster-major (planned_gemm_probe.hpp)
   };
 };
 
@@ -185,6 +187,21 @@ __device__ __forceinline__ float planned_gelu(float x) { return 0.5f * x * (1.0f
 // the staging buffer's ordinary smem loads and stores across it.
 __device__ __forceinline__ void planned_epilogue_barrier() {
   asm volatile("bar.sync 8, 256;" ::: "memory");
+}
+
+// One role's probe record (planned_gemm_probe.hpp): volatile stores, so a host reading mapped
+// memory sees each step as it is taken, not when the kernel ends.
+template <class State>
+__device__ __forceinline__ void planned_probe(PlannedProbeRecord* record, ProbeStep step, int seq, int item,
+                                              const State& state, int k, int rows) {
+  if (record == nullptr) return;
+  int* p = reinterpret_cast<int*>(record);
+  asm volatile("st.volatile.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(int(step)), "r"(seq), "r"(item),
+               "r"(int(state.count()))
+               : "memory");
+  asm volatile("st.volatile.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p + 4), "r"(state.index()), "r"(int(state.phase())),
+               "r"(k), "r"(rows)
+               : "memory");
 }
 
 __device__ __forceinline__ unsigned long long planned_globaltimer() {
@@ -262,6 +279,12 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     return item < items ? item : -1;
   };
   const bool claimer = dynamic && rank_in_cluster == 0;
+  // This role's probe record, written by one thread of the role (the loader's lane 0, each MMA
+  // warp group's first thread); nullptr when there is no probe or this thread is not that one.
+  PlannedProbeRecord* probe = nullptr;
+  if (params.probe != nullptr && thread % 128 == 0) {
+    probe = params.probe + (cluster_id * Types::kClusterSize + int(rank_in_cluster)) * kProbeRoles + warp_group;
+  }
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
@@ -280,18 +303,22 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
       const int item = lane == 0 ? planned_ring_claim<Types::kClusterSize>(smem.ring, seq, params.item_counter, items) : 0;
       return __shfl_sync(0xffffffffu, item, 0);
     };
+    if (claimer) planned_probe(probe, ProbeStep::RingClaim, 0, -1, write_state, 0, 0);
     int next = claimer ? claim(0) : 0;
     for (int seq = 0;; ++seq) {
       int item;
       if (claimer) {
         item = next;
         if (item < 0) break;
+        planned_probe(probe, ProbeStep::RingClaim, seq + 1, item, write_state, 0, 0);
         next = claim(seq + 1);
       } else {
+        if (dynamic) planned_probe(probe, ProbeStep::RingRead, seq, -1, write_state, 0, 0);
         item = dynamic ? planned_ring_read(smem.ring, seq, lane) : static_item(seq);
         if (item < 0) break;
       }
       const GemmTileEntry e = params.table[item * Types::kClusterSize + int(rank_in_cluster)];
+      planned_probe(probe, ProbeStep::Load, seq, item, write_state, 0, e.rows);
       if (e.group != group) {
         // The whole warp read the smem descriptors (cp_fence_release) for the previous group;
         // only the elected lane went on to issue that group's loads. Converge before that lane
@@ -313,7 +340,9 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
       write_state.advance(k_tiles);
     }
     // Do not leave while a mate may still multicast into this CTA or release its stages.
+    planned_probe(probe, ProbeStep::LoadTail, -1, -1, write_state, 0, 0);
     mainloop.load_tail(pipeline, write_state);
+    planned_probe(probe, dynamic && Types::kClusterSize > 1 ? ProbeStep::ClusterExit : ProbeStep::Done, -1, -1, write_state, 0, 0);
   } else if (warp_group > 0) {
     cutlass::arch::warpgroup_reg_alloc<232>();
     const int mma_thread = thread - 128;
@@ -326,6 +355,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     __nv_bfloat16* stage = smem.stage;
 
     for (int seq = 0;; ++seq) {
+      if (dynamic) planned_probe(probe, ProbeStep::RingRead, seq, -1, read_state, 0, 0);
       const int item = dynamic ? planned_ring_read(smem.ring, seq, lane) : static_item(seq);
       if (item < 0) break;
       const int index = item * Types::kClusterSize + int(rank_in_cluster);
@@ -342,16 +372,19 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         // mate may share, are released as usual.
         auto state = read_state;
         for (int k = 0; k < k_tiles; ++k) {
+          planned_probe(probe, ProbeStep::SkipWait, seq, item, state, k, e.rows);
           pipeline.consumer_wait(state);
           pipeline.consumer_release(state);
           ++state;
         }
         clear(accum);
       } else {
+        planned_probe(probe, ProbeStep::Mma, seq, item, read_state, 0, e.rows);
         mainloop.mma(pipeline, read_state, accum, k_tiles, mma_thread, smem.mainloop, params.mainloop);
         mainloop.mma_tail(pipeline, read_state, k_tiles);
       }
       read_state.advance(k_tiles);
+      planned_probe(probe, ProbeStep::Epilogue, seq, item, read_state, 0, e.rows);
 
       const int64_t col_base = int64_t(e.col_tile) * kOutTileCols;
       CUTLASS_PRAGMA_UNROLL
@@ -399,6 +432,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         if (params.tile_times != nullptr) params.tile_times[2 * index + 1] = planned_globaltimer();
       }
     }
+    planned_probe(probe, dynamic && Types::kClusterSize > 1 ? ProbeStep::ClusterExit : ProbeStep::Done, -1, -1, read_state, 0, 0);
   }
   // The dynamic fetch's mates post into and free slots of each other's ring up to their last
   // item: no CTA leaves before the whole cluster is done.
@@ -406,6 +440,10 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     __syncwarp();
     cute::cluster_arrive();
     cute::cluster_wait();
+    if (probe != nullptr) {
+      // only the step: the record keeps the role's last pipeline position
+      asm volatile("st.volatile.s32 [%0], %1;" ::"l"(probe), "r"(int(ProbeStep::Done)) : "memory");
+    }
   }
 #else
   // Built without sm_90a: never launched (the host checks the device), but keep the symbol.
@@ -493,7 +531,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.tile_times, padding_mma, item_counter};
+                                  r.D, r.flags, r.tile_times, padding_mma, item_counter, r.probe};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
