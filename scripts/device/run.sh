@@ -9,7 +9,7 @@ export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of th
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned stress stress-dynamic layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost ts-bench cli-ts torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned stress stress-skip stress-dynamic layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost ts-bench cli-ts torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -56,18 +56,19 @@ nccl_lib=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/d
 [ -f "$nccl_lib/libnccl.so.2" ] || nccl_lib=$(dirname "$(find / -path '*nvidia/nccl/lib/libnccl.so.2' -print -quit 2>/dev/null)")
 system_nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl.so.2 /{print $NF; exit}')
 
-# The layer's 1024-expert case in the planned GEMM alone (1-row groups) under racecheck: every
-# padding-MMA mode the layer uses and both item fetches, at the case's 1024 groups and at 512;
-# then the 1024-group shape launched thousands of times unsanitized. The skip-all variants at
-# 1024 groups did not finish under racecheck (2026-12-04, both fetches; 512 and 768 groups and
-# skip-half finish in 2 s; unsanitized they run clean): an open question, so they stay in the verdict.
+# The layer's 1024-expert case in the planned GEMM alone (1-row groups) under racecheck: the
+# padding-MMA modes and both item fetches, at the case's 1024 groups and at 512, on both
+# clusters; then the 1024-group shape launched thousands of times unsanitized. The skip-all
+# variants at 1024 groups did not finish under racecheck until the skip loop kept a warp
+# group's warps on one stage (2026-12-04); the probe names the waits should one stall again.
 race_tiny() {
   local variant
-  for variant in "issue static 1024" "skip-all static 512" "skip-all dynamic 512" "skip-all static 1024" "skip-all dynamic 1024"; do
+  for variant in "c1x2 issue static 1024" "c1x2 skip-all static 512" "c1x2 skip-all dynamic 512" \
+      "c1x2 skip-all static 1024" "c1x2 skip-all dynamic 1024" "c2x1 skip-all static 1024"; do
     set -- $variant
-    run_step "racecheck tiny c1x2 $1 $2 $3 groups" timeout 70 compute-sanitizer --tool racecheck --error-exitcode 9 \
-      "$bin/planned_gemm_stress" --cluster c1x2 --padding "$1" --fetch "$2" --groups "$3" --rows $(($3 / 2)) --n 256 --k 128 \
-      --iterations 1 --limit-s 60
+    run_step "racecheck tiny $1 $2 $3 $4 groups" timeout 70 compute-sanitizer --tool racecheck --error-exitcode 9 \
+      "$bin/planned_gemm_stress" --cluster "$1" --padding "$2" --fetch "$3" --groups "$4" --rows $(($4 / 2)) --n 256 --k 128 \
+      --iterations 1 --limit-s 60 --probe
   done
   run_step "stress tiny c1x2" timeout 120 "$bin/planned_gemm_stress" --cluster c1x2 --groups 1024 --rows 512 --n 256 --k 128 --iterations 3000 --limit-s 5
 }
@@ -96,21 +97,14 @@ for step in "${steps[@]}"; do
       mapfile -t race_cases < <("$bin/test_moe_layer" --small --list)
       if [ ${#race_cases[@]} -eq 0 ]; then echo "== racecheck: FAIL (test_moe_layer --small --list named no case)" | tee -a "$log"; status=1; fi
       for case in "${race_cases[@]}"; do
-        # the 1024-expert case does not finish under racecheck in 240 s (nor does it print a stage:
-        # the host sits in a CUDA call); its planned GEMM with the padding skip does not finish
-        # under racecheck either (race_tiny below, which keeps that in the verdict): the whole
-        # case runs in race-1024 (NOTES.md, 2026-12-04)
-        [ "$case" = "1024 experts" ] && continue
         run_step "racecheck $case" timeout 240 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_moe_layer" --small --case "$case" --wait-limit-s 200
       done
       race_tiny ;;
-    race-1024)  # diagnostic, outside the default steps: the whole 1024-expert case under racecheck, 560 s
-      run_step "racecheck 1024 experts (long)" timeout 560 compute-sanitizer --tool racecheck --error-exitcode 9 \
-        "$bin/test_moe_layer" --small --case "1024 experts" --wait-limit-s 500 ;;
     race-tiny) race_tiny ;;
     planned-sanitize)
       run_step planned-memcheck timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_planned_gemm" --small
-      run_step planned-racecheck timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;
+      run_step planned-racecheck timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_planned_gemm" --small
+      run_step planned-synccheck timeout 150 compute-sanitizer --tool synccheck --error-exitcode 9 "$bin/test_planned_gemm" --small ;;
     bench)  # one process per shape and token count: a stalled phase (named, exit 3) costs one case, not the sweep
       : >"$out/bench.json"
       for case in "${bench_cases[@]}"; do
@@ -140,32 +134,13 @@ for step in "${steps[@]}"; do
         run_step "stress-dynamic qwen-gemm1 $cluster 40 SMs" "$bin/planned_gemm_stress" --cluster $cluster --fetch dynamic \
           --sm-limit 40 --groups 128 --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 100
       done ;;
-    stress-known-hang)  # the c2x1 skips that hung (2026-12-04), outside the call's verdict: does the stress still find them?
-      keep=$status
-      for padding in skip-all skip-half; do
-        run_step "stress-known-hang c2x1 $padding" "$bin/planned_gemm_stress" --cluster c2x1 --padding $padding \
-          --groups 256 --rows 131072 --n 4096 --k 7168 --iterations 300 --limit-s 5
-      done
-      grep -c "STALL: .*c2x1" "$log" | sed 's/^/== stress-known-hang: stalls found in this log: /' | tee -a "$log"
-      status=$keep ;;
-    hang-probe)  # diagnosis, outside the call's verdict: the known stalls with the kernel's probe
-      # (planned_gemm_probe.hpp), so a stall prints which wait each role of each CTA sits in and
-      # whether anything still moves; synccheck on the same shapes
-      keep=$status
-      for padding in skip-all skip-half; do
-        run_step "hang-probe c2x1 $padding" timeout 120 "$bin/planned_gemm_stress" --cluster c2x1 --padding $padding \
-          --groups 256 --rows 131072 --n 4096 --k 7168 --iterations 400 --limit-s 5 --probe
-      done
-      run_step "hang-probe racecheck c1x2 skip-all 1024 groups" timeout 110 compute-sanitizer --tool racecheck \
-        --error-exitcode 9 "$bin/planned_gemm_stress" --cluster c1x2 --padding skip-all --fetch static --groups 1024 \
-        --rows 512 --n 256 --k 128 --iterations 1 --limit-s 60 --probe --seed 7
-      run_step "hang-probe synccheck c1x2 skip-all 1024 groups" timeout 110 compute-sanitizer --tool synccheck \
-        --error-exitcode 9 "$bin/planned_gemm_stress" --cluster c1x2 --padding skip-all --fetch static --groups 1024 \
-        --rows 512 --n 256 --k 128 --iterations 1 --limit-s 60 --probe --seed 7
-      run_step "hang-probe synccheck c2x1 skip-all" timeout 110 compute-sanitizer --tool synccheck \
-        --error-exitcode 9 "$bin/planned_gemm_stress" --cluster c2x1 --padding skip-all --groups 64 \
-        --rows 8192 --n 1024 --k 1024 --iterations 2 --limit-s 60 --probe --seed 7
-      status=$keep ;;
+    stress-skip)  # the padding skips that stalled within 2-450 launches before the skip loop kept a warp
+      # group's warps on one stage (2026-12-04), with the probe: a stall names the wait of every role
+      for variant in "c2x1 skip-all" "c2x1 skip-half" "c1x2 skip-half"; do
+        set -- $variant
+        run_step "stress-skip $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 \
+          --groups 256 --rows 131072 --n 4096 --k 7168 --iterations 600 --limit-s 5 --probe
+      done ;;
     bench-repro)  # the case a sweep sat in for minutes (2026-12-04), three times over, each stall named
       for run in 1 2 3; do
         run_step "bench-repro $run" "$bin/cuda_layer_bench" --case qwen3-30b-a3b:16384 --stall-limit-s 30 \

@@ -403,11 +403,9 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
       const std::size_t wrong_flags = flags_off(host, flags, 2);
       expect(wrong_flags == 0, label + ": " + std::to_string(wrong_flags) + " per-tile flags not at 2 after 2 runs");
 
-      // every warp group issuing its MMAs, padding rows or not, or (c1x2) only half tiles
-      // skipping: the same bits (the skip is a speed choice only). The c2x1 skips are left out:
-      // both hung under planned_gemm_stress.
-      for (PaddingMma mode : {PaddingMma::Issue, PaddingMma::SkipHalfTiles}) {
-        if (mode == PaddingMma::SkipHalfTiles && cl == PlannedCluster::M2) continue;
+      // every warp group issuing its MMAs, padding rows or not, only half tiles skipping, or
+      // every padding half: the same bits (the skip is a speed choice only)
+      for (PaddingMma mode : {PaddingMma::Issue, PaddingMma::SkipHalfTiles, PaddingMma::SkipAll}) {
         expect(run_once(gemm, p, table, s, nullptr, mode) == d1,
                label + ": padding MMAs '" + padding_mma_name(mode) + "' change the bits");
       }

@@ -85,7 +85,7 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   // rule above picks 2x1 at Qwen3-like shapes (>= 1024 rows per expert, short ffn), but the
   // planned GEMM alone on the same rows was faster on 1x2 there in both calls that timed both
   // (BENCHMARKS.md, second and fourth cut: Qwen3 16384 GEMM0 1.460 vs 1.517 and 1.338 vs 1.470
-  // ms), and on 2x1 it cannot skip padding MMAs (PaddingMma: that variant can hang).
+  // ms).
   const PlannedCluster cluster = PlannedCluster::N2;
   const std::int64_t cap0 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(m.gemm0_n), cluster);
   const std::int64_t cap1 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(H), cluster);

@@ -8,7 +8,7 @@
 // hundred at 16384-token shapes, and a racecheck of 1-row groups on a 1x2 cluster did not finish;
 // reading the barriers' code did not show a lost arrival. Two snapshots of the records a few
 // seconds apart tell a stalled launch (nothing moves) from a slow one, and which wait each role
-// of each CTA sits in.
+// of each CTA sits in. Its first use found that stall (the skip loop in planned_gemm_kernel.cuh).
 //
 // Cost when set: two 16-byte stores by one thread of each role per item, and per K tile in the
 // skip loop. Unset (nullptr, the default) the kernel branches past them.
