@@ -189,12 +189,6 @@ __device__ __forceinline__ void planned_epilogue_barrier() {
   asm volatile("bar.sync 8, 256;" ::: "memory");
 }
 
-// A barrier over the 128 threads of one MMA warp group (hardware barriers 9 and 10), for the
-// padding skip: see the skip loop.
-__device__ __forceinline__ void planned_warp_group_barrier(int mma_warp_group) {
-  asm volatile("bar.sync %0, 128;" ::"r"(9 + mma_warp_group) : "memory");
-}
-
 // One role's probe record (planned_gemm_probe.hpp): volatile stores, so a host reading mapped
 // memory sees each step as it is taken, not when the kernel ends.
 template <class State>
@@ -376,22 +370,32 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         // padding mate): consume the stages without MMAs, so the other warp group has the tensor
         // cores to itself (the tile takes about half the time) and the loads, which a cluster
         // mate may share, are released as usual.
-        // The barrier between wait and release keeps the group's four warps on one stage. Only
-        // two of them signal the release (warps 0 and 1: spread_arrivals_to_warpgroup, cluster of
-        // 2), and without the wgmma, which gathers the whole group, nothing else holds the other
-        // two back: they could be still waiting for a stage's phase after it was released and
-        // filled twice more, and a parity wait then waits for a phase that never comes. That
-        // was the stall of the skip (planned_gemm_stress with --probe, 2026-12-04: one warp
-        // group in the epilogue barrier, its mate at the next item; NOTES.md).
-        const int mma_warp_group = mma_thread / 128;
-        auto state = read_state;
-        for (int k = 0; k < k_tiles; ++k) {
-          planned_probe(probe, ProbeStep::SkipWait, seq, item, state, k, e.rows);
-          pipeline.consumer_wait(state);
-          planned_warp_group_barrier(mma_warp_group);
-          pipeline.consumer_release(state);
-          ++state;
+        // One thread walks the stages for the whole group: it waits for each stage to fill and
+        // then gives the group's release, one arrival on the stage's empty barrier of every CTA
+        // of the cluster (what CUTLASS's consumer_release spreads over the group's threads:
+        // each consumer warp group owes one arrival to every CTA in its cluster row or column,
+        // which in a cluster of two is both). Every thread of the group waiting and releasing,
+        // as the MMA path does, stalled: only warps 0 and 1 signal the release, and without
+        // the wgmma, which gathers the whole group, nothing held warps 2 and 3, which could
+        // still be waiting for a stage's phase after it was released and refilled twice more;
+        // a parity wait then waits for a phase that never comes (planned_gemm_stress --probe,
+        // 2026-12-04: one warp group in the epilogue barrier, its mate at the next item).
+        // A named barrier per stage over the group cured the stall but made racecheck report
+        // the staging buffer's epilogue accesses (barrier 8) as races.
+        static_assert(Types::kClusterSize == 2, "the skip's release assumes a cluster of two CTAs");
+        if (mma_thread % 128 == 0) {
+          auto state = read_state;
+          for (int k = 0; k < k_tiles; ++k) {
+            planned_probe(probe, ProbeStep::SkipWait, seq, item, state, k, e.rows);
+            smem.pipeline.full_barrier_[state.index()].wait(state.phase());
+            CUTLASS_PRAGMA_UNROLL
+            for (uint32_t rank = 0; rank < uint32_t(Types::kClusterSize); ++rank) {
+              smem.pipeline.empty_barrier_[state.index()].arrive(rank, 1u);
+            }
+            ++state;
+          }
         }
+        __syncwarp();
         clear(accum);
       } else {
         planned_probe(probe, ProbeStep::Mma, seq, item, read_state, 0, e.rows);
