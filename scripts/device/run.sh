@@ -59,8 +59,8 @@ system_nccl=$(ldconfig -p 2>/dev/null | awk '/libnccl.so.2 /{print $NF; exit}')
 # The layer's 1024-expert case in the planned GEMM alone (1-row groups) under racecheck: the
 # padding-MMA modes and both item fetches, at the case's 1024 groups and at 512, on both
 # clusters; then the 1024-group shape launched thousands of times unsanitized. The skip-all
-# variants at 1024 groups did not finish under racecheck until the skip loop kept a warp
-# group's warps on one stage (2026-12-04); the probe names the waits should one stall again.
+# variants at 1024 groups did not finish under racecheck while every warp of a skipping group
+# waited on the stages by itself (2026-12-04); the probe names the waits should one stall again.
 race_tiny() {
   local variant
   for variant in "c1x2 issue static 1024" "c1x2 skip-all static 512" "c1x2 skip-all dynamic 512" \
@@ -134,8 +134,8 @@ for step in "${steps[@]}"; do
         run_step "stress-dynamic qwen-gemm1 $cluster 40 SMs" "$bin/planned_gemm_stress" --cluster $cluster --fetch dynamic \
           --sm-limit 40 --groups 128 --rows 131072 --n 2048 --k 768 --skew 1.5 --epilogue store --iterations 100
       done ;;
-    stress-skip)  # the padding skips that stalled within 2-450 launches before the skip loop kept a warp
-      # group's warps on one stage (2026-12-04), with the probe: a stall names the wait of every role
+    stress-skip)  # the padding skips that stalled within 2-450 launches while every warp of a skipping
+      # group waited on the stages by itself (2026-12-04), with the probe: a stall names every role's wait
       for variant in "c2x1 skip-all" "c2x1 skip-half" "c1x2 skip-half"; do
         set -- $variant
         run_step "stress-skip $1 $2" "$bin/planned_gemm_stress" --cluster $1 --padding $2 \

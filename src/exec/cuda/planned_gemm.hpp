@@ -92,9 +92,9 @@ void check_tile_table(const std::vector<GemmTileEntry>& table, int groups, int a
 // Whether a warp group whose 64 rows of a tile are all padding skips its MMAs (it consumes the
 // stages without computing, so the other warp group has the tensor cores; the output bits are
 // the same either way).
-//  Default:       SkipAll. (Until the skip loop kept a warp group's warps on one stage, the
-//                 skip hung about one launch in 2-450 on c2x1 clusters and under racecheck on
-//                 c1x2, and c2x1 issued every MMA by default: NOTES.md, 2026-12-04.)
+//  Default:       SkipAll. (Until one thread of a skipping warp group took over its waits and
+//                 releases, the skip hung about one launch in 2-450 on c2x1 clusters and under
+//                 racecheck on c1x2, and c2x1 issued every MMA by default: NOTES.md, 2026-12-04.)
 //  Issue:         every warp group issues its MMAs.
 //  SkipHalfTiles: only the second warp group of a band of <= 64 rows; a c2x1 cluster's padding
 //                 mate (rows = 0) computes on its copy of the partner's rows.
