@@ -278,15 +278,16 @@ PlannedGemmRun make_run(const Problem& p, const Table& t, Output& out, unsigned*
 }
 
 // One run into a poisoned output; padding_mma and item_fetch pick the variant (Default: the
-// GEMM's own choice).
+// GEMM's own choice); probe, when set, receives the kernel's records.
 std::vector<std::uint16_t> run_once(PlannedGemm& gemm, const Problem& p, const Table& t, cudaStream_t s,
                                     unsigned* flags = nullptr, PaddingMma padding_mma = PaddingMma::Default,
-                                    ItemFetch item_fetch = ItemFetch::Default) {
+                                    ItemFetch item_fetch = ItemFetch::Default, PlannedProbeRecord* probe = nullptr) {
   Output out(p);
   out.poison(s);
   PlannedGemmRun r = make_run(p, t, out, flags);
   r.padding_mma = padding_mma;
   r.item_fetch = item_fetch;
+  r.probe = probe;
   gemm.run(s, r);
   CK(cudaStreamSynchronize(s));
   CK(cudaGetLastError());
@@ -304,15 +305,8 @@ void check_probe(const std::string& label, PlannedGemm& gemm, const Problem& p, 
   std::fill(host, host + records, PlannedProbeRecord{});
   PlannedProbeRecord* device = nullptr;
   CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0));
-  Output out(p);
-  out.poison(s);
-  PlannedGemmRun r = make_run(p, t, out, nullptr);
-  r.item_fetch = fetch;
-  r.probe = device;
-  gemm.run(s, r);
-  CK(cudaStreamSynchronize(s));
-  CK(cudaGetLastError());
-  expect(out.bits() == bits, label + ": a run with the probe changes the bits");
+  expect(run_once(gemm, p, t, s, nullptr, PaddingMma::Default, fetch, device) == bits,
+         label + ": a run with the probe changes the bits");
   long long not_done = 0, mismatched = 0, total = 0;
   for (std::size_t cta = 0; cta < records / kProbeRoles; ++cta) {
     const PlannedProbeRecord* role = host + cta * kProbeRoles;
