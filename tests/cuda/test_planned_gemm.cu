@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/cuda/bounded_sync.hpp"
 #include "exec/cuda/grouped_gemm.hpp"
 #include "exec/cuda/planned_gemm.hpp"
 #include "exec/cuda/planned_gemm_probe.hpp"
@@ -62,6 +64,18 @@ void expect_throws(const std::string& what, F&& f) {
   } catch (const tilemoe::Error& e) {
     expect(e.kind() == tilemoe::ErrorKind::BadInput, what + ": wrong error kind: " + e.what());
   }
+}
+
+// Every wait on the GPU is bounded: a launch that does not finish within the limit is a
+// stall, named, and the test ends at once (a stalled kernel cannot be torn down cleanly).
+void sync_or_exit(cudaStream_t stream, const char* what) {
+  constexpr auto kLimit = std::chrono::seconds(60);
+  if (!tilemoe::cuda::wait_for_stream(stream, kLimit)) {
+    std::printf("STALL: %s did not finish in %lld s\n", what, static_cast<long long>(kLimit.count()));
+    std::fflush(stdout);
+    std::_Exit(3);
+  }
+  CK(cudaGetLastError());
 }
 
 constexpr std::uint16_t kPoison = 0xFFFF;
@@ -289,8 +303,9 @@ std::vector<std::uint16_t> run_once(PlannedGemm& gemm, const Problem& p, const T
   r.item_fetch = item_fetch;
   r.probe = probe;
   gemm.run(s, r);
-  CK(cudaStreamSynchronize(s));
-  CK(cudaGetLastError());
+  const std::string what = std::string("a planned GEMM run (padding MMAs ") + padding_mma_name(padding_mma) + ", " +
+                           item_fetch_name(item_fetch) + " fetch)";
+  sync_or_exit(s, what.c_str());
   return out.bits();
 }
 
@@ -380,7 +395,7 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
       Dev<GemmTileEntry> dt(cap);
       Dev<int> dcount(1);
       launch_build_tile_table(s, p.d_offset.p, int(m.size()), N, cl, TileFlags::PerTile, dt.p, int(cap), dcount.p);
-      CK(cudaStreamSynchronize(s));
+      sync_or_exit(s, "the device tile-table builder");
       const int count = dcount.get()[0];
       std::vector<GemmTileEntry> dev = dt.get();
       dev.resize(std::size_t(std::max(count, 0)));
@@ -461,7 +476,7 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
         expect(block_major, label + ": band blocks of " + std::to_string(block) + " are not block after block");
         Dev<GemmTileEntry> bt(cap);
         launch_build_tile_table(s, p.d_offset.p, int(m.size()), N, cl, TileFlags::PerBand, bt.p, int(cap), dcount.p, block);
-        CK(cudaStreamSynchronize(s));
+        sync_or_exit(s, "the device tile-table builder (band blocks)");
         std::vector<GemmTileEntry> dev_blocked = bt.get();
         dev_blocked.resize(std::size_t(std::max(dcount.get()[0], 0)));
         expect(dev_blocked.size() == blocked.size() &&
@@ -480,7 +495,7 @@ void test_problem(const std::string& name, const std::vector<int>& m, int gap, i
         Output out(p);
         out.poison(s);
         stock.run(s, int(m.size()), p.d_offset.p, p.A.p, p.B.p, out.D.p, N, K);
-        CK(cudaStreamSynchronize(s));
+        sync_or_exit(s, "the stock CUTLASS grouped GEMM");
         const std::vector<std::uint16_t> ds = out.bits();
         std::size_t differ = 0;
         for (int i = 0; i < p.offset.back() * p.n_out; ++i) differ += ds[std::size_t(i)] != d1[std::size_t(i)];
@@ -530,7 +545,7 @@ void test_flags_and_consumer(cudaStream_t s, int sms) {
     Output out(p), copy(p);
     out.poison(s);
     copy.poison(s);
-    CK(cudaStreamSynchronize(s));
+    sync_or_exit(s, "poisoning the outputs");
     cudaStream_t side;
     CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
     tile_consumer<<<consumer_blocks, 256, 0, side>>>(tile_table.d.p, int(tt.size()), flags.p, 1u, out.D.p, copy.D.p,
@@ -538,8 +553,8 @@ void test_flags_and_consumer(cudaStream_t s, int sms) {
                                                       copy_time.p);
     CK(cudaGetLastError());
     part.run(s, make_run(p, tile_table, out, flags.p, times.p));
-    CK(cudaStreamSynchronize(s));
-    CK(cudaStreamSynchronize(side));
+    sync_or_exit(s, "the planned GEMM beside the flag consumer");
+    sync_or_exit(side, "the flag consumer");
     CK(cudaStreamDestroy(side));
     expect(timed_out.get()[0] == 0, label + ": the consumer timed out waiting for entry " +
                                         std::to_string(timed_out.get()[0] - 1));
@@ -569,7 +584,7 @@ void test_flags_and_consumer(cudaStream_t s, int sms) {
   Table overflow(std::vector<GemmTileEntry>{});
   launch_build_tile_table(s, q.d_offset.p, int(m.size()), 512, PlannedCluster::N2, TileFlags::None, small.p, 4,
                           overflow.count.p);
-  CK(cudaStreamSynchronize(s));
+  sync_or_exit(s, "the device tile-table builder (overflow)");
   expect(overflow.count.get()[0] == -1, "overflowing table build did not report -1");
   const std::vector<std::uint16_t> d2 = run_once(gemm, q, overflow, s);
   expect(std::all_of(d2.begin(), d2.end(), [](std::uint16_t v) { return v == kPoison; }), "count -1 wrote outputs");
