@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -137,25 +138,8 @@ int main(int argc, char** argv) {
     const unsigned long long seed =
         o.seed != 0 ? o.seed : (static_cast<unsigned long long>(std::random_device{}()) << 32) | std::random_device{}();
     std::mt19937_64 rng(seed);
-    // The probe's records in mapped host memory: readable here while a launch is stalled.
-    const std::size_t probe_records = std::size_t(gemm.grid_ctas()) * cuda::kProbeRoles;
-    cuda::PlannedProbeRecord* probe_host = nullptr;
-    cuda::PlannedProbeRecord* probe_device = nullptr;
-    if (o.probe) {
-      TILEMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&probe_host), probe_records * sizeof(cuda::PlannedProbeRecord),
-                                       cudaHostAllocMapped));
-      TILEMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&probe_device), probe_host, 0));
-    }
-    const auto snapshot = [&] {
-      std::vector<cuda::PlannedProbeRecord> records(probe_records);
-      for (std::size_t i = 0; i < probe_records; ++i) {
-        // volatile: the kernel is writing these while we read
-        const volatile int* src = reinterpret_cast<const volatile int*>(probe_host + i);
-        int* dst = reinterpret_cast<int*>(&records[i]);
-        for (std::size_t w = 0; w < sizeof(cuda::PlannedProbeRecord) / sizeof(int); ++w) dst[w] = src[w];
-      }
-      return records;
-    };
+    std::unique_ptr<cuda::MappedProbe> probe;  // readable here while a launch is stalled
+    if (o.probe) probe = std::make_unique<cuda::MappedProbe>(gemm.grid_ctas());
     std::printf("planned_gemm_stress: %s, padding MMAs %s, %d groups, %d rows, N %d, K %d, skew %.2f, %d iterations, %d CTAs, "
                 "seed %llu\n",
                 cluster_name, variant, o.groups, o.rows, o.n, o.k, o.skew, o.iterations, gemm.grid_ctas(), seed);
@@ -179,9 +163,9 @@ int main(int argc, char** argv) {
       r.K = o.k;
       r.padding_mma = o.padding;
       r.item_fetch = o.fetch;
-      if (probe_host != nullptr) {
-        std::fill(probe_host, probe_host + probe_records, cuda::PlannedProbeRecord{});  // the last launch finished
-        r.probe = probe_device;
+      if (probe) {
+        probe->clear();  // the last launch finished
+        r.probe = probe->device();
       }
       gemm.run(s, r);
       const auto limit = std::chrono::milliseconds(static_cast<long long>(o.limit_s * 1000));
@@ -189,11 +173,10 @@ int main(int argc, char** argv) {
         std::printf("planned_gemm_stress: STALL: launch %d of %d (%s, padding MMAs %s, %d entries) has not finished after %.1f s; "
                     "%s\n",
                     it + 1, o.iterations, cluster_name, variant, entries, o.limit_s, describe(offsets).c_str());
-        if (probe_host != nullptr) {
-          const auto first = snapshot();
+        if (probe) {
+          const auto first = probe->snapshot();
           std::this_thread::sleep_for(std::chrono::seconds(3));
-          const int cluster_size = 2;  // both planned clusters are pairs
-          std::printf("%s", cuda::describe_probe(first, snapshot(), cluster_size, host_table).c_str());
+          std::printf("%s", cuda::describe_probe(first, probe->snapshot(), host_table).c_str());
         }
         std::fflush(stdout);
         std::_Exit(3);  // the stalled kernel cannot be waited for or torn down cleanly
@@ -202,15 +185,12 @@ int main(int argc, char** argv) {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     std::printf("planned_gemm_stress: %s, padding MMAs %s: %d of %d launches finished (%.1f s)\n", cluster_name, variant,
                 o.iterations, o.iterations, wall);
-    if (probe_host != nullptr) {
+    if (probe) {
       // every role of the last launch reached the end
-      const auto last = snapshot();
-      const int finished = static_cast<int>(std::count_if(last.begin(), last.end(), [](const cuda::PlannedProbeRecord& p) {
-        return static_cast<cuda::ProbeStep>(p.step) == cuda::ProbeStep::Done;
-      }));
-      std::printf("planned_gemm_stress: probe: %d of %zu roles of the last launch done\n", finished, probe_records);
-      cudaFreeHost(probe_host);
-      if (finished != static_cast<int>(probe_records)) return 1;
+      const auto last = probe->snapshot();
+      const std::size_t finished = cuda::roles_done(last);
+      std::printf("planned_gemm_stress: probe: %zu of %zu roles of the last launch done\n", finished, last.size());
+      if (finished != last.size()) return 1;
     }
     cudaStreamDestroy(s);
   } catch (const std::exception& e) {

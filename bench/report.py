@@ -93,8 +93,8 @@ def main(bench_path, torch_path=None):
             print(f"| {r['shape']} | {r['tokens']} | {r['routing']} | {cl} | {p['gemm0_ms']:.3f} "
                   f"| {p['gemm0_flags_ms'] / p['gemm0_ms']:.3f}x | {p['gemm1_ms']:.3f} "
                   f"| {p['gemm1_flags_ms'] / p['gemm1_ms']:.3f}x | {p['gemm1_flags_times_ms'] / p['gemm1_ms']:.3f}x |")
-    print_planned_ab(layers, "The padding-MMA skip: the planned GEMM in its default mode (1x2 skips the MMAs of warp"
-                     " groups whose 64 rows are all padding, 2x1 issues them) against the same tiles with every MMA"
+    print_planned_ab(layers, "The padding-MMA skip: the planned GEMM in its default mode (skipping the MMAs of warp"
+                     " groups whose 64 rows are all padding; 2x1 issued them before 08d7382) against the same tiles with every MMA"
                      " issued (ms; below 1.00x the default is faster)", ("default", ""), ("all MMAs", "_all_mma"))
     print_planned_ab(layers, "The item fetch: the planned GEMM (default padding MMAs) with clusters taking items in a"
                      " static stride against claiming the next item from a counter (ms; below 1.00x the dynamic fetch"

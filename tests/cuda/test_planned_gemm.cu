@@ -314,28 +314,23 @@ std::vector<std::uint16_t> run_once(PlannedGemm& gemm, const Problem& p, const T
 // groups passed the same K tiles through the stages, and all CTAs together K tiles x entries.
 void check_probe(const std::string& label, PlannedGemm& gemm, const Problem& p, const Table& t,
                  const std::vector<std::uint16_t>& bits, cudaStream_t s, ItemFetch fetch) {
-  const std::size_t records = std::size_t(gemm.grid_ctas()) * kProbeRoles;
-  PlannedProbeRecord* host = nullptr;
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&host), records * sizeof(PlannedProbeRecord), cudaHostAllocMapped));
-  std::fill(host, host + records, PlannedProbeRecord{});
-  PlannedProbeRecord* device = nullptr;
-  CK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device), host, 0));
-  expect(run_once(gemm, p, t, s, nullptr, PaddingMma::Default, fetch, device) == bits,
+  MappedProbe probe(gemm.grid_ctas());
+  expect(run_once(gemm, p, t, s, nullptr, PaddingMma::Default, fetch, probe.device()) == bits,
          label + ": a run with the probe changes the bits");
-  long long not_done = 0, mismatched = 0, total = 0;
-  for (std::size_t cta = 0; cta < records / kProbeRoles; ++cta) {
-    const PlannedProbeRecord* role = host + cta * kProbeRoles;
-    for (int i = 0; i < kProbeRoles; ++i) not_done += static_cast<ProbeStep>(role[i].step) != ProbeStep::Done;
+  const std::vector<PlannedProbeRecord> records = probe.snapshot();
+  const std::size_t not_done = records.size() - roles_done(records);
+  long long mismatched = 0, total = 0;
+  for (std::size_t cta = 0; cta < records.size() / kProbeRoles; ++cta) {
+    const PlannedProbeRecord* role = records.data() + cta * kProbeRoles;
     mismatched += role[1].count != role[0].count || role[2].count != role[0].count;
     total += role[0].count;
   }
-  const long long k_tiles = (p.K + 63) / 64;
+  const long long k_tiles = (p.K + kPlannedTileK - 1) / kPlannedTileK;
   expect(not_done == 0, label + ": " + std::to_string(not_done) + " probe roles not done after the run");
   expect(mismatched == 0, label + ": " + std::to_string(mismatched) + " CTAs whose roles' pipeline counts differ");
   expect(total == k_tiles * static_cast<long long>(t.d.n),
          label + ": the loaders passed " + std::to_string(total) + " K tiles, not " + std::to_string(k_tiles) + " x " +
              std::to_string(t.d.n) + " entries");
-  CK(cudaFreeHost(host));
 }
 
 // Per-tile flags of `table` not at `runs` (flag -1: not at 0) after that many runs.

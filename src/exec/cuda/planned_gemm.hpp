@@ -52,6 +52,8 @@ static_assert(sizeof(GemmTileEntry) == 20);
 
 constexpr int kPlannedTileM = 128;
 constexpr int kPlannedTileN = 256;
+constexpr int kPlannedTileK = 64;        // one pipeline stage's K
+constexpr int kPlannedClusterSize = 2;   // both PlannedCluster shapes are pairs of CTAs
 
 enum class PlannedEpilogue { Store, SwiGLU, GELU };
 enum class PlannedCluster { M2,  // 2x1: mates share B, take M-adjacent tiles (many rows per expert)
@@ -104,11 +106,12 @@ const char* padding_mma_name(PaddingMma mode);  // "default", "issue", "skip-hal
 
 // How clusters take items from the table. Either way every item runs exactly once and the output
 // bits are the same; only which cluster runs an item, and when, differs.
-//  Default: Dynamic where padding MMAs are skipped (c1x2) and K >= 2048, else Static. Measured
-//           on the H200 (BENCHMARKS.md, 2026-12-04): with the skip, the dynamic fetch took the
+//  Default: Dynamic where padding MMAs are skipped and K >= 2048, else Static. Measured on the
+//           H200 (BENCHMARKS.md, 2026-12-04) on c1x2: with the skip, the dynamic fetch took the
 //           balanced DeepSeek-V3 GEMMs from 17.3 to 14.2 ms (16384 tokens, GEMM0) and 3.08 to
 //           2.51 ms (4096, GEMM1); where K is short (Qwen3's GEMM1, K 768: 12 K tiles an item)
-//           the hand-off costs 2-8%, and without the skip (c2x1) it gains nothing.
+//           the hand-off costs 2-8%. On c2x1 it gained nothing while c2x1 issued every MMA;
+//           c2x1 with the skip (the default since 08d7382) has not been timed with either fetch.
 //  Static:  cluster c of C runs items c, c + C, ...: no shared state, but a cluster that draws
 //           half-cost items (bands of <= 64 rows, skipped padding MMAs) runs ahead of the
 //           others, and the clusters that read one expert's weight slice drift apart.

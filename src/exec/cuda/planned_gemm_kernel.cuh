@@ -145,6 +145,8 @@ struct PlannedGemmTypes {
   static constexpr int kClusterM = cute::size<0>(ClusterShape{});
   static constexpr int kClusterN = cute::size<1>(ClusterShape{});
   static constexpr int kClusterSize = kClusterM * kClusterN;
+  static_assert(kClusterSize == kPlannedClusterSize && cute::size<2>(TileShape{}) == kPlannedTileK,
+                "planned_gemm.hpp's tile and cluster constants describe this kernel");
   static_assert(Mainloop::DispatchPolicy::Stages >= 4, "the planned GEMM expects four pipeline stages");
 
   struct SharedStorage {
@@ -202,6 +204,12 @@ __device__ __forceinline__ void planned_probe(PlannedProbeRecord* record, ProbeS
   asm volatile("st.volatile.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p + 4), "r"(state.index()), "r"(int(state.phase())),
                "r"(k), "r"(rows)
                : "memory");
+}
+
+// Only the step of a probe record: the record keeps the role's last pipeline position.
+__device__ __forceinline__ void planned_probe_step(PlannedProbeRecord* record, ProbeStep step) {
+  if (record == nullptr) return;
+  asm volatile("st.volatile.s32 [%0], %1;" ::"l"(reinterpret_cast<int*>(record)), "r"(int(step)) : "memory");
 }
 
 __device__ __forceinline__ unsigned long long planned_globaltimer() {
@@ -374,7 +382,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         // then gives the group's release, one arrival on the stage's empty barrier of every CTA
         // of the cluster (what CUTLASS's consumer_release spreads over the group's threads:
         // each consumer warp group owes one arrival to every CTA in its cluster row or column,
-        // which in a cluster of two is both). Every thread of the group waiting and releasing,
+        // which in a cluster of two, the only size here, is both). Every thread of the group waiting and releasing,
         // as the MMA path does, stalled: only warps 0 and 1 signal the release, and without
         // the wgmma, which gathers the whole group, nothing held warps 2 and 3, which could
         // still be waiting for a stage's phase after it was released and refilled twice more;
@@ -382,7 +390,6 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         // 2026-12-04: one warp group in the epilogue barrier, its mate at the next item).
         // A named barrier per stage over the group cured the stall but made racecheck report
         // the staging buffer's epilogue accesses (barrier 8) as races.
-        static_assert(Types::kClusterSize == 2, "the skip's release assumes a cluster of two CTAs");
         if (mma_thread % 128 == 0) {
           auto state = read_state;
           for (int k = 0; k < k_tiles; ++k) {
@@ -459,10 +466,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     __syncwarp();
     cute::cluster_arrive();
     cute::cluster_wait();
-    if (probe != nullptr) {
-      // only the step: the record keeps the role's last pipeline position
-      asm volatile("st.volatile.s32 [%0], %1;" ::"l"(probe), "r"(int(ProbeStep::Done)) : "memory");
-    }
+    planned_probe_step(probe, ProbeStep::Done);
   }
 #else
   // Built without sm_90a: never launched (the host checks the device), but keep the symbol.

@@ -1,8 +1,11 @@
 #include "exec/cuda/planned_gemm_probe.hpp"
 
+#include <algorithm>
 #include <map>
 #include <sstream>
 #include <tuple>
+
+#include "exec/cuda/cuda_check.hpp"
 
 namespace tilemoe::cuda {
 
@@ -46,10 +49,39 @@ std::string entry_text(const std::vector<GemmTileEntry>& table, long long index)
 
 }  // namespace
 
+MappedProbe::MappedProbe(int grid_ctas) : records_(static_cast<std::size_t>(std::max(grid_ctas, 0)) * kProbeRoles) {
+  TILEMOE_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_), std::max<std::size_t>(records_, 1) * sizeof(PlannedProbeRecord),
+                                   cudaHostAllocMapped));
+  TILEMOE_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&device_), host_, 0));
+  clear();
+}
+
+MappedProbe::~MappedProbe() { cudaFreeHost(host_); }
+
+void MappedProbe::clear() { std::fill(host_, host_ + records_, PlannedProbeRecord{}); }
+
+std::vector<PlannedProbeRecord> MappedProbe::snapshot() const {
+  std::vector<PlannedProbeRecord> records(records_);
+  for (std::size_t i = 0; i < records_; ++i) {
+    // volatile: the kernel may be writing these while we read
+    const volatile std::int32_t* src = reinterpret_cast<const volatile std::int32_t*>(host_ + i);
+    std::int32_t* dst = reinterpret_cast<std::int32_t*>(&records[i]);
+    for (std::size_t w = 0; w < sizeof(PlannedProbeRecord) / sizeof(std::int32_t); ++w) dst[w] = src[w];
+  }
+  return records;
+}
+
+std::size_t roles_done(const std::vector<PlannedProbeRecord>& records) {
+  return static_cast<std::size_t>(std::count_if(records.begin(), records.end(), [](const PlannedProbeRecord& r) {
+    return static_cast<ProbeStep>(r.step) == ProbeStep::Done;
+  }));
+}
+
 std::string describe_probe(const std::vector<PlannedProbeRecord>& first, const std::vector<PlannedProbeRecord>& second,
-                           int cluster_size, const std::vector<GemmTileEntry>& table, int max_lines) {
+                           const std::vector<GemmTileEntry>& table, int max_lines) {
+  constexpr int cluster_size = kPlannedClusterSize;
   std::ostringstream out;
-  if (first.size() != second.size() || first.size() % kProbeRoles != 0 || cluster_size <= 0) {
+  if (first.size() != second.size() || first.size() % kProbeRoles != 0) {
     return "probe: snapshots of " + std::to_string(first.size()) + " and " + std::to_string(second.size()) +
            " records do not describe one grid\n";
   }

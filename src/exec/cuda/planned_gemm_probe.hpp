@@ -12,6 +12,9 @@
 //
 // Cost when set: two 16-byte stores by one thread of each role per item, and per K tile in the
 // skip loop. Unset (nullptr, the default) the kernel branches past them.
+#include <cuda_runtime.h>
+
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -52,11 +55,34 @@ static_assert(sizeof(PlannedProbeRecord) == 32);
 constexpr int kProbeRoles = 3;
 const char* probe_role_name(int role);  // "loader", "mma wg1", "mma wg2"
 
-// A readable account of two snapshots (each grid_ctas * kProbeRoles records, CTA-major) taken
-// some time apart: per role and step how many CTAs sit there and how many moved between the
-// snapshots, then every role that did not finish, with its CTA, cluster rank, item and pipeline
-// position, and the table entries of its item (table: the launch's entries, host copy).
+// The records of one planned GEMM's grid in mapped host memory: the kernel writes them through
+// device(), the host reads them at any time, while a launch is stalled too.
+class MappedProbe {
+ public:
+  explicit MappedProbe(int grid_ctas);
+  ~MappedProbe();
+  MappedProbe(const MappedProbe&) = delete;
+  MappedProbe& operator=(const MappedProbe&) = delete;
+
+  PlannedProbeRecord* device() const { return device_; }  // PlannedGemmRun::probe
+  void clear();  // every record NotStarted; only between launches
+  // A copy of the records, read as the kernel may still be writing them.
+  std::vector<PlannedProbeRecord> snapshot() const;
+
+ private:
+  PlannedProbeRecord* host_ = nullptr;
+  PlannedProbeRecord* device_ = nullptr;
+  std::size_t records_ = 0;
+};
+
+// How many of the records are Done.
+std::size_t roles_done(const std::vector<PlannedProbeRecord>& records);
+
+// A readable account of two snapshots (each grid_ctas * kProbeRoles records, cluster-major)
+// taken some time apart: per role and step how many CTAs sit there and how many moved between
+// the snapshots, then every role that did not finish, with its CTA, cluster rank, item and
+// pipeline position, and the table entries of its item (table: the launch's entries, host copy).
 std::string describe_probe(const std::vector<PlannedProbeRecord>& first, const std::vector<PlannedProbeRecord>& second,
-                           int cluster_size, const std::vector<GemmTileEntry>& table, int max_lines = 200);
+                           const std::vector<GemmTileEntry>& table, int max_lines = 200);
 
 }  // namespace tilemoe::cuda
