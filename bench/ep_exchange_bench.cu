@@ -21,7 +21,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
@@ -197,17 +196,14 @@ int main(int argc, char** argv) {
             world_options.link_gbps = link_gbps;
             world_options.sms_per_rank = sms_per_rank;
             cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n), 0, world_options);
-            std::vector<std::thread> threads;
+            const std::vector<std::exception_ptr> failed_ranks = world.run_ranks([&](cuda::RankTransport& transport) {
+              const int r = transport.rank();
+              run_rank(r, s, config, transport, path, runs, seed, times[static_cast<std::size_t>(r)], description);
+            });
             for (int r = 0; r < n; ++r) {
-              threads.emplace_back([&, r] {
-                try {
-                  run_rank(r, s, config, world.rank(r), path, runs, seed, times[static_cast<std::size_t>(r)], description);
-                } catch (const std::exception& e) {
-                  errors[static_cast<std::size_t>(r)] = e.what();
-                }
-              });
+              const std::exception_ptr& error = failed_ranks[static_cast<std::size_t>(r)];
+              if (error) errors[static_cast<std::size_t>(r)] = report_of(error).message;
             }
-            for (auto& t : threads) t.join();
           }
           bool failed = false;
           for (int r = 0; r < n; ++r) {

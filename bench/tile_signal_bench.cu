@@ -9,7 +9,9 @@
 // (from a traced run), and a bitwise check of tile_signal against sequential.
 // `--transport nccl`: the same with real ranks, one process per GPU (start it with tilemoe
 // launch -n N, mpirun -np N or srun; rank 0 prints and writes the JSON), each rank on its whole
-// GPU and the real links, no emulation.
+// GPU and the real links, no emulation. `--case NAME:TOKENS[:RANKS]` (repeatable) runs only those
+// cases. A case too large for this GPU's memory (DeepSeek-V3 at 16384 tokens x 8 virtual ranks
+// needs more than an 80 GB card) is reported as skipped, not failed.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,7 +20,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
@@ -202,6 +203,7 @@ int main(int argc, char** argv) {
   std::string json_path, trace_path;
   bool quick = false;
   bool nccl = false;  // --transport nccl: one process per GPU
+  std::vector<std::string> cases;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     // --trace PREFIX: per shape, tokens and ranks the first overlapped variant's last step, to
@@ -209,7 +211,16 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--transport") && i + 1 < argc) nccl = std::strcmp(argv[++i], "nccl") == 0;
+    // --case NAME:TOKENS[:RANKS] (repeatable): only these cases of the sweep
+    if (!std::strcmp(argv[i], "--case") && i + 1 < argc) cases.emplace_back(argv[++i]);
   }
+  // whether the sweep's case (shape, tokens per rank, ranks) is one that --case asked for
+  const auto selected = [&](const char* shape, int tokens, int ranks) {
+    if (cases.empty()) return true;
+    const std::string name = std::string(shape) + ":" + std::to_string(tokens);
+    return std::any_of(cases.begin(), cases.end(),
+                       [&](const std::string& c) { return c == name || c == name + ":" + std::to_string(ranks); });
+  };
   // real ranks: this process is one of them; the launcher says which
   bench::BenchRanks world_ranks(nccl, json_path);
   const launch::LaunchEnv& env = world_ranks.env;
@@ -242,7 +253,7 @@ int main(int argc, char** argv) {
     for (const Shape& shape : shapes) {
       for (int tokens : token_counts) {
         for (int n : world_sizes) {
-          if (shape.experts % n != 0) continue;
+          if (shape.experts % n != 0 || !selected(shape.name, tokens, n)) continue;
           MoeConfig config;
           config.tokens = tokens;
           config.hidden = shape.hidden;
@@ -265,6 +276,7 @@ int main(int argc, char** argv) {
           bool traced = false;
           std::vector<std::vector<std::uint16_t>> sequential_output(static_cast<std::size_t>(n));  // per rank of this process
           double sequential_ms = 0;
+          std::string out_of_memory;  // set once a variant of this case did not fit: the others are skipped
           for (const Variant& v : variants) {
             // a rank keeps at least one GEMM1 cluster (2 SMs): larger c of the sweep (made for
             // a whole 132-SM GPU) do not apply to a partition
@@ -297,24 +309,40 @@ int main(int argc, char** argv) {
               res.how = mine.how;
               res.spans = std::move(mine.spans);
             } else {
-              cuda::VirtualWorld world(n, region, 0, world_options);
               std::vector<RankRun> ranks(static_cast<std::size_t>(n));
-              std::vector<std::string> errors(static_cast<std::size_t>(n));
-              std::vector<std::thread> threads;
-              for (int r = 0; r < n; ++r) {
-                threads.emplace_back([&, r] {
-                  try {
-                    run_rank(world.rank(r), config, options, runs, 1234, ranks[static_cast<std::size_t>(r)]);
-                  } catch (const std::exception& e) {
-                    errors[static_cast<std::size_t>(r)] = e.what();
-                  }
+              std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+              try {
+                cuda::VirtualWorld world(n, region, 0, world_options);
+                errors = world.run_ranks([&](cuda::RankTransport& transport) {
+                  run_rank(transport, config, options, runs, 1234, ranks[static_cast<std::size_t>(transport.rank())]);
                 });
+              } catch (const Error& e) {
+                if (e.kind() != ErrorKind::OutOfMemory) throw;
+                out_of_memory = std::string("the world's symmetric regions: ") + e.what();
               }
-              for (auto& t : threads) t.join();
+              // a rank that ran out of memory makes its peers fail too (they leave the world it
+              // abandoned): the case is too large for this GPU, which is not a failure of the layer
+              for (int r = 0; r < n && out_of_memory.empty(); ++r) {
+                if (!errors[static_cast<std::size_t>(r)]) continue;
+                const ErrorReport report = report_of(errors[static_cast<std::size_t>(r)]);
+                if (report.kind == ErrorKind::OutOfMemory) out_of_memory = "rank " + std::to_string(r) + ": " + report.message;
+              }
+              if (!out_of_memory.empty()) {
+                std::printf("SKIP %s %d x %d: does not fit in this GPU's memory, the case's remaining variants skipped too (%s)\n",
+                            shape.name, n, tokens, out_of_memory.c_str());
+                std::fflush(stdout);
+                if (json) {
+                  std::fprintf(json, "{\"shape\":\"%s\",\"tokens\":%d,\"ranks\":%d,\"skipped\":\"out of device memory\"}\n",
+                               shape.name, tokens, n);
+                  std::fflush(json);
+                }
+                break;
+              }
               bool failed = false;
               for (int r = 0; r < n; ++r) {
-                if (errors[static_cast<std::size_t>(r)].empty()) continue;
-                std::printf("FAIL %s %d x %d rank %d: %s\n", shape.name, n, tokens, r, errors[static_cast<std::size_t>(r)].c_str());
+                if (!errors[static_cast<std::size_t>(r)]) continue;
+                std::printf("FAIL %s %d x %d rank %d: %s\n", shape.name, n, tokens, r,
+                            report_of(errors[static_cast<std::size_t>(r)]).message.c_str());
                 failed = true;
               }
               if (failed) {

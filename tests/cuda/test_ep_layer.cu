@@ -10,10 +10,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "exec/cuda/cuda_check.hpp"
@@ -86,23 +86,16 @@ struct RankBuffers {
   }
 };
 
-// Runs `body(rank)` on one thread per rank; an exception on a rank is a failure named by it.
-void on_every_rank(int ranks, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(static_cast<std::size_t>(ranks));
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        TILEMOE_CUDA_CHECK(cudaSetDevice(0));
-        body(r);
-      } catch (const std::exception& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r) {
-    if (!errors[static_cast<std::size_t>(r)].empty()) expect(false, "rank " + std::to_string(r) + ": " + errors[static_cast<std::size_t>(r)]);
+// Runs `body(rank)` on one thread per rank of `vw`; an exception on a rank is a failure named by
+// it (and the world's run_ranks lets its peers leave their barriers at once).
+void on_every_rank(cuda::VirtualWorld& vw, const std::function<void(int)>& body) {
+  const std::vector<std::exception_ptr> errors = vw.run_ranks([&](cuda::RankTransport& transport) {
+    TILEMOE_CUDA_CHECK(cudaSetDevice(0));
+    body(transport.rank());
+  });
+  for (int r = 0; r < vw.size(); ++r) {
+    const std::exception_ptr& error = errors[static_cast<std::size_t>(r)];
+    if (error) expect(false, "rank " + std::to_string(r) + ": " + report_of(error).message);
   }
 }
 
@@ -196,7 +189,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n), tile_out(n), tile_second_out(n), tile_graph_out(n);
   std::vector<Routing> routing(n);
   std::vector<std::string> description(n);
-  on_every_rank(c.ranks, [&](int r) {
+  on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const std::int64_t T = world.tokens_per_rank[ri];
     cuda::RankTransport& transport = vw.rank(r);
@@ -237,7 +230,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   // the tile-signal overlap in a world of its own (a failure here leaves the sequential
   // results above already judged): two steps (its flags are reset per step) and a graph replay
   const int before_overlap = failures;
-  on_every_rank(c.ranks, [&](int r) {
+  on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const std::int64_t T = world.tokens_per_rank[ri];
     cuda::RankTransport& transport = vw.rank(r);
@@ -279,7 +272,7 @@ void silent_rank_times_out(int ranks, int silent) {
   std::vector<std::string> message(static_cast<std::size_t>(ranks));
   std::vector<int> kind(static_cast<std::size_t>(ranks), -1);
   std::vector<double> seconds(static_cast<std::size_t>(ranks), 0);
-  on_every_rank(ranks, [&](int r) {
+  on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     RankBuffers b(step.inputs[ri], step.logits[ri], 64, config.hidden, vw.rank(r).stream(cuda::RankStream::Main));
     cuda::EpMoeLayerOptions options;
@@ -329,7 +322,7 @@ void capacity_is_enforced() {
     cuda::VirtualWorld vw(2, cuda::EpMoeLayer::region_bytes(config, 2, options), 0, {world_timeout});
     std::vector<std::string> message(2);
     std::vector<double> seconds(2);
-    on_every_rank(2, [&](int r) {
+    on_every_rank(vw, [&](int r) {
       const auto ri = static_cast<std::size_t>(r);
       RankBuffers b(step.inputs[ri], step.logits[ri], 100, config.hidden, vw.rank(r).stream(cuda::RankStream::Main));
       cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{3}, vw.rank(r), options);
@@ -383,7 +376,7 @@ void bad_input_is_refused() {
   cuda::EpMoeLayerOptions crowded;
   crowded.strategy = cuda::EpStrategy::TileSignal;
   crowded.consumer_ctas = 80;
-  on_every_rank(2, [&](int r) {
+  on_every_rank(vw, [&](int r) {
     crowded_refused[static_cast<std::size_t>(r)] =
         refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, vw.rank(r), crowded); }, "more than half");
   });
@@ -391,7 +384,7 @@ void bad_input_is_refused() {
   // a stream of the rank's own making, not the world's (it could share a hardware queue with a
   // peer's waiting kernel): refused before anything is enqueued
   bool stream_refused = false;
-  on_every_rank(2, [&](int r) {
+  on_every_rank(vw, [&](int r) {
     cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{}, vw.rank(r));
     if (r == 0) {
       cudaStream_t own;
@@ -402,6 +395,29 @@ void bad_input_is_refused() {
     vw.rank(r).host_barrier();
   });
   expect(stream_refused, "a forward on a stream other than the world's is refused");
+}
+
+// A rank that fails before a host barrier (an allocation the GPU cannot serve, say) abandons the
+// world: its peer leaves the barrier at once with an error naming it, not after the world's
+// timeout (10 s here), and each rank's own error comes back from run_ranks.
+void failed_rank_frees_its_peers() {
+  std::printf("failed rank\n");
+  MoeConfig config{.tokens = 16, .hidden = 64, .ffn_hidden = 64, .num_experts = 8, .top_k = 2};
+  cuda::VirtualWorld vw(2, cuda::EpMoeLayer::region_bytes(config, 2), 0, {std::chrono::milliseconds(10000)});
+  const auto start = std::chrono::steady_clock::now();
+  const std::vector<std::exception_ptr> errors = vw.run_ranks([&](cuda::RankTransport& transport) {
+    if (transport.rank() == 1) throw_bad_input("rank 1 gives up before the barrier");
+    transport.host_barrier();
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const ErrorReport own = errors[1] ? report_of(errors[1]) : ErrorReport{};
+  const ErrorReport peer = errors[0] ? report_of(errors[0]) : ErrorReport{};
+  expect(errors[1] && own.kind == ErrorKind::BadInput && own.message == "rank 1 gives up before the barrier",
+         "the failing rank's own error comes back: " + own.message);
+  expect(errors[0] && peer.kind == ErrorKind::Timeout &&
+             peer.message.find("rank 1 failed: rank 1 gives up before the barrier") != std::string::npos,
+         "its peer's error names it and its reason: " + peer.message);
+  expect(seconds < 2.0, "the peer left the barrier at once (" + std::to_string(seconds) + " s, timeout 10 s)");
 }
 
 }  // namespace
@@ -446,6 +462,7 @@ int main(int argc, char** argv) {
     if (!small) silent_rank_times_out(8, 7);
     capacity_is_enforced();
     bad_input_is_refused();
+    failed_rank_frees_its_peers();
     for (const Case& c : partitioned) {
       ++n;
       if (small && c.ranks > 4) continue;

@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 #include "exec/cuda/cuda_check.hpp"
 #include "exec/cuda/device_array.hpp"
@@ -159,19 +158,10 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   result.routing.resize(static_cast<std::size_t>(ranks));
   result.matches_sequential.assign(static_cast<std::size_t>(ranks), -1);
   std::vector<double> forward_ms(static_cast<std::size_t>(ranks), 0.0);
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        run_rank_step(step, layer, world.rank(r), ep_options, options.silent_rank, std::to_string(ranks) + " virtual ranks",
-                      result, forward_ms[static_cast<std::size_t>(r)]);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<std::exception_ptr> errors = world.run_ranks([&](cuda::RankTransport& transport) {
+    run_rank_step(step, layer, transport, ep_options, options.silent_rank, std::to_string(ranks) + " virtual ranks", result,
+                  forward_ms[static_cast<std::size_t>(transport.rank())]);
+  });
   // the root cause first: a timeout names the rank that stalled; the others were stopped by it
   for (const auto& e : errors) {
     if (!e) continue;

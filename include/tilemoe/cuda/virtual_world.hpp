@@ -7,7 +7,10 @@
 // compute/communication balance of a real N-GPU node.
 #include <chrono>
 #include <cstddef>
+#include <exception>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "tilemoe/cuda/rank_transport.hpp"
 
@@ -33,6 +36,12 @@ class VirtualWorld {
 
   int size() const;
   RankTransport& rank(int r);
+  // Runs `body` with each rank's transport on a thread of its own and waits for all of them;
+  // returns each rank's exception (null where the body finished). A rank whose body throws
+  // abandons the world before its thread ends: peers at a host barrier (or arriving at one
+  // later) fail at once with an error naming it and its reason, instead of waiting out the
+  // timeout for a rank that will never come. (Device-side waits stay bounded by the timeout.)
+  std::vector<std::exception_ptr> run_ranks(const std::function<void(RankTransport&)>& body);
 
  private:
   struct Impl;

@@ -2,6 +2,8 @@
 
 #include <mutex>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "comm/cuda/bounded_sync.hpp"
@@ -250,6 +252,32 @@ int VirtualWorld::size() const { return impl_->ranks; }
 RankTransport& VirtualWorld::rank(int r) {
   if (r < 0 || r >= impl_->ranks) throw_bad_input("virtual rank " + std::to_string(r) + " of " + std::to_string(impl_->ranks));
   return *impl_->handles[static_cast<std::size_t>(r)];
+}
+
+std::vector<std::exception_ptr> VirtualWorld::run_ranks(const std::function<void(RankTransport&)>& body) {
+  Impl& m = *impl_;
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(m.ranks));
+  std::vector<std::jthread> threads;
+  threads.reserve(static_cast<std::size_t>(m.ranks));
+  for (int r = 0; r < m.ranks; ++r) {
+    try {
+      threads.emplace_back([&, r] {
+        try {
+          body(*m.handles[static_cast<std::size_t>(r)]);
+        } catch (...) {
+          errors[static_cast<std::size_t>(r)] = std::current_exception();
+          m.barrier.abandon(r, report_of(errors[static_cast<std::size_t>(r)]).message);
+        }
+      });
+    } catch (const std::system_error& e) {
+      // this rank and the ones after it never start: the started ones must not wait for them
+      for (int q = r; q < m.ranks; ++q) m.barrier.abandon(q, std::string("its thread could not be started: ") + e.what());
+      threads.clear();  // joins the started ones
+      throw;
+    }
+  }
+  threads.clear();  // joins
+  return errors;
 }
 
 }  // namespace tilemoe::cuda

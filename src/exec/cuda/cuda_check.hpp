@@ -1,6 +1,7 @@
 #pragma once
-// Turns a failed CUDA runtime call into a tilemoe::Error of kind Internal that names the call,
-// the file and the line. Plain C++: usable from .cpp and .cu files alike.
+// Turns a failed CUDA runtime call into a tilemoe::Error that names the call, the file and the
+// line: of kind OutOfMemory when the device had no memory left (a caller may skip a problem
+// too large for this GPU), Internal otherwise. Plain C++: usable from .cpp and .cu files alike.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -11,8 +12,9 @@ namespace tilemoe::cuda {
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t err, const char* call, const char* file,
                                           int line) {
-  throw_internal(std::string("CUDA call ") + call + " failed: " + cudaGetErrorName(err) + " (" +
-                 cudaGetErrorString(err) + ") at " + file + ":" + std::to_string(line));
+  throw Error(err == cudaErrorMemoryAllocation ? ErrorKind::OutOfMemory : ErrorKind::Internal,
+              std::string("CUDA call ") + call + " failed: " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) +
+                  ") at " + file + ":" + std::to_string(line));
 }
 
 inline void check_cuda(cudaError_t err, const char* call, const char* file, int line) {
