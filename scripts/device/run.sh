@@ -2,7 +2,7 @@
 # The one script of a device call: runs the GPU tests, compute-sanitizer and the benchmarks
 # from the binaries built here (scripts/device/pack.sh puts them in build/device-bin, which the
 # call carries), and leaves everything under $OUT: log.txt (all output), gpu.txt,
-# bench.json, ep_bench.json, ts_bench.json (+ traces), torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
+# bench.json, ep_bench.json, ts_bench.json, traces.tgz (the Perfetto traces), torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of the SM split, calibrated once per call
@@ -14,6 +14,15 @@ steps=("$@")
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
 status=0
+# Perfetto traces go to a folder of their own and come back as one archive, traces.tgz, at the
+# end: a call returns only 8 files, and ts-bench writes one trace per case
+traces=$(mktemp -d)
+bundle_traces() {
+  [ -n "$(ls -A "$traces" 2>/dev/null)" ] && tar czf "$out/traces.tgz" -C "$traces" .
+  rm -rf "$traces"
+}
+trap bundle_traces EXIT
+trap 'exit 143' TERM  # an outer timeout still leaves the traces written so far
 
 run_step() {
   local name=$1
@@ -150,10 +159,10 @@ for step in "${steps[@]}"; do
     ep-bench-link)
       run_step ep-bench-link "$bin/ep_exchange_bench" --quick --link-gbps 100 --json "$out/ep_bench_link.json"
       run_step ep-bench-partitions "$bin/ep_exchange_bench" --quick --sms-per-rank 32 --json "$out/ep_bench_partitions.json" ;;
-    ts-bench) run_step ts-bench "$bin/tile_signal_bench" --json "$out/ts_bench.json" --trace "$out/tile_signal_trace" ;;
+    ts-bench) run_step ts-bench "$bin/tile_signal_bench" --json "$out/ts_bench.json" --trace "$traces/tile_signal_trace" ;;
     signal-cost) run_step signal-cost "$bin/signal_cost_bench" --json "$out/signal_cost.json" ;;
-    ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$out/tile_signal_trace" ;;
-    cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$out/cli_tile_signal_trace.json" ;;
+    ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$traces/tile_signal_trace" ;;
+    cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$traces/cli_tile_signal_trace.json" ;;
     bench-focus)  # the cases the one-GPU targets name, with their clocks and ceilings
       run_step bench-focus "$bin/cuda_layer_bench" "${target_cases[@]}" --raster --stall-limit-s 30 --json "$out/bench_focus.json" ;;
     ncu-gemm)  # hardware counters of one case's first GEMM0 and GEMM1 launches, stock kernels then planned ones
@@ -214,7 +223,7 @@ for step in "${steps[@]}"; do
         echo "== multi-ts: $gpus GPU(s), skipped" | tee -a "$log"
       else
         run_step multi-ts-bench env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n "$gpus" -- \
-          "$bin/tile_signal_bench" --transport nccl --json "$out/ts_bench_nccl.json" --trace "$out/ts_nccl_trace"
+          "$bin/tile_signal_bench" --transport nccl --json "$out/ts_bench_nccl.json" --trace "$traces/ts_nccl_trace"
       fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
@@ -227,5 +236,5 @@ for step in "${steps[@]}"; do
     *) echo "unknown step $step" | tee -a "$log"; status=1 ;;
   esac
 done
-grep -E "FAIL|passed|failure|ERROR SUMMARY|measured rates|stalled|STALL|launches finished" "$log" | tail -n 40
+grep -E "FAIL|SKIP|passed|failure|ERROR SUMMARY|measured rates|stalled|STALL|launches finished" "$log" | tail -n 40
 exit $status
