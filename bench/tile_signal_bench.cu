@@ -215,11 +215,15 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--case") && i + 1 < argc) cases.emplace_back(argv[++i]);
   }
   // whether the sweep's case (shape, tokens per rank, ranks) is one that --case asked for
+  std::vector<bool> case_matched(cases.size(), false);  // a --case that names no case of the sweep is an error
   const auto selected = [&](const char* shape, int tokens, int ranks) {
     if (cases.empty()) return true;
     const std::string name = std::string(shape) + ":" + std::to_string(tokens);
-    return std::any_of(cases.begin(), cases.end(),
-                       [&](const std::string& c) { return c == name || c == name + ":" + std::to_string(ranks); });
+    bool any = false;
+    for (std::size_t i = 0; i < cases.size(); ++i) {
+      if (cases[i] == name || cases[i] == name + ":" + std::to_string(ranks)) any = case_matched[i] = true;
+    }
+    return any;
   };
   // real ranks: this process is one of them; the launcher says which
   bench::BenchRanks world_ranks(nccl, json_path);
@@ -409,6 +413,12 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
+    ++failures;
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    if (case_matched[i]) continue;
+    std::printf("FAIL: --case %s names no case of the sweep (NAME:TOKENS[:RANKS]: mixtral-8x7b or deepseek-v3, 4096 or 16384, "
+                "4 or 8)\n", cases[i].c_str());
     ++failures;
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);

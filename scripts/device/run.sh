@@ -161,6 +161,10 @@ for step in "${steps[@]}"; do
       run_step ep-bench-partitions "$bin/ep_exchange_bench" --quick --sms-per-rank 32 --json "$out/ep_bench_partitions.json" ;;
     ts-bench) run_step ts-bench "$bin/tile_signal_bench" --json "$out/ts_bench.json" --trace "$traces/tile_signal_trace" ;;
     signal-cost) run_step signal-cost "$bin/signal_cost_bench" --json "$out/signal_cost.json" ;;
+    ts-bench-cases)  # chosen cases of ts-bench: TS_CASES="deepseek-v3:4096 deepseek-v3:16384:8" (NAME:TOKENS[:RANKS])
+      case_args=()
+      for c in ${TS_CASES:?ts-bench-cases needs TS_CASES}; do case_args+=(--case "$c"); done
+      run_step ts-bench-cases "$bin/tile_signal_bench" "${case_args[@]}" --json "$out/ts_bench_cases.json" ;;
     ts-bench-quick) run_step ts-bench "$bin/tile_signal_bench" --quick --json "$out/ts_bench.json" --trace "$traces/tile_signal_trace" ;;
     cli-ts) run_step cli-ts "$bin/tilemoe" run --backend cuda --ranks 4 --strategy tile_signal --trace "$traces/cli_tile_signal_trace.json" ;;
     bench-focus)  # the cases the one-GPU targets name, with their clocks and ceilings
