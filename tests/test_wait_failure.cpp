@@ -146,19 +146,30 @@ TEST(TimedBarrier, MissingRankTimesOutNamingIt) {
 TEST(TimedBarrier, AbandonReleasesTheWaitersAtOnce) {
   comm::TimedBarrier barrier(2, 30s);
   std::string message;
+  ErrorKind kind = ErrorKind::Internal;
   std::thread waiter([&] {
     try {
       barrier.arrive_and_wait(0, "the layer set-up");
     } catch (const Error& e) {
       message = e.what();
+      kind = e.kind();
     }
   });
   std::this_thread::sleep_for(50ms);
   const auto start = std::chrono::steady_clock::now();
-  barrier.abandon(1, "out of memory");
+  barrier.abandon(1, "out of memory", ErrorKind::OutOfMemory);
   waiter.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   EXPECT_THAT(message, HasSubstr("rank 1 failed: out of memory"));
+  // the waiter's error is of the abandoning rank's kind, not a timeout; so is a later arrival's
+  EXPECT_EQ(kind, ErrorKind::OutOfMemory);
+  try {
+    barrier.arrive_and_wait(0, "the next step");
+    ADD_FAILURE() << "a broken barrier let a participant through";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::OutOfMemory);
+    EXPECT_THAT(e.what(), HasSubstr("rank 1 failed: out of memory"));
+  }
 }
 
 TEST(TimedBarrier, RejectsBadParticipants) {

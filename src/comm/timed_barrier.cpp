@@ -12,7 +12,7 @@ TimedBarrier::TimedBarrier(int participants, std::chrono::milliseconds timeout)
 void TimedBarrier::arrive_and_wait(int who, const std::string& what) {
   if (who < 0 || who >= participants_) throw_internal("barrier: participant " + std::to_string(who) + " out of range");
   std::unique_lock lock(mutex_);
-  if (!broken_.empty()) throw Error(ErrorKind::Timeout, "rank " + std::to_string(who) + " cannot meet at " + what + ": " + broken_);
+  if (!broken_.empty()) throw Error(broken_kind_, "rank " + std::to_string(who) + " cannot meet at " + what + ": " + broken_);
   const std::uint64_t generation = generation_;
   arrived_at_[static_cast<std::size_t>(who)] = generation;
   if (++arrived_ == participants_) {
@@ -32,13 +32,16 @@ void TimedBarrier::arrive_and_wait(int who, const std::string& what) {
     throw Error(ErrorKind::Timeout, broken_);
   }
   if (generation_ == generation) {  // woken because another participant timed out
-    throw Error(ErrorKind::Timeout, "rank " + std::to_string(who) + " left " + what + ": " + broken_);
+    throw Error(broken_kind_, "rank " + std::to_string(who) + " left " + what + ": " + broken_);
   }
 }
 
-void TimedBarrier::abandon(int who, const std::string& reason) {
+void TimedBarrier::abandon(int who, const std::string& reason, ErrorKind kind) {
   std::lock_guard lock(mutex_);
-  if (broken_.empty()) broken_ = "rank " + std::to_string(who) + " failed: " + reason;
+  if (broken_.empty()) {
+    broken_ = "rank " + std::to_string(who) + " failed: " + reason;
+    broken_kind_ = kind;
+  }
   changed_.notify_all();
 }
 

@@ -398,8 +398,8 @@ void bad_input_is_refused() {
 }
 
 // A rank that fails before a host barrier (an allocation the GPU cannot serve, say) abandons the
-// world: its peer leaves the barrier at once with an error naming it, not after the world's
-// timeout (10 s here), and each rank's own error comes back from run_ranks.
+// world: its peer leaves the barrier at once with an error of the same kind naming it, not a
+// timeout after the world's 10 s, and each rank's own error comes back from run_ranks.
 void failed_rank_frees_its_peers() {
   std::printf("failed rank\n");
   MoeConfig config{.tokens = 16, .hidden = 64, .ffn_hidden = 64, .num_experts = 8, .top_k = 2};
@@ -414,9 +414,9 @@ void failed_rank_frees_its_peers() {
   const ErrorReport peer = errors[0] ? report_of(errors[0]) : ErrorReport{};
   expect(errors[1] && own.kind == ErrorKind::BadInput && own.message == "rank 1 gives up before the barrier",
          "the failing rank's own error comes back: " + own.message);
-  expect(errors[0] && peer.kind == ErrorKind::Timeout &&
+  expect(errors[0] && peer.kind == ErrorKind::BadInput &&
              peer.message.find("rank 1 failed: rank 1 gives up before the barrier") != std::string::npos,
-         "its peer's error names it and its reason: " + peer.message);
+         "its peer's error names it and its reason, and is of its kind (bad input): " + peer.message);
   expect(seconds < 2.0, "the peer left the barrier at once (" + std::to_string(seconds) + " s, timeout 10 s)");
 }
 

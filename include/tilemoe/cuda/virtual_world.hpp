@@ -39,8 +39,9 @@ class VirtualWorld {
   // Runs `body` with each rank's transport on a thread of its own and waits for all of them;
   // returns each rank's exception (null where the body finished). A rank whose body throws
   // abandons the world before its thread ends: peers at a host barrier (or arriving at one
-  // later) fail at once with an error naming it and its reason, instead of waiting out the
-  // timeout for a rank that will never come. (Device-side waits stay bounded by the timeout.)
+  // later) fail at once with an error of its error's kind that names it and its reason, instead
+  // of waiting out the timeout for a rank that will never come. (Device-side waits stay bounded
+  // by the timeout.)
   std::vector<std::exception_ptr> run_ranks(const std::function<void(RankTransport&)>& body);
 
  private:

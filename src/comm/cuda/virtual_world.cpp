@@ -180,7 +180,7 @@ class VirtualRank final : public RankTransport, public HostExchange {
         if (q != rank_) TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, world_.published[static_cast<std::size_t>(q)].done, 0));
       }
     } catch (const Error& e) {
-      world_.barrier.abandon(rank_, e.what());  // the peers must not wait out the timeout for me
+      world_.barrier.abandon(rank_, e.what(), e.kind());  // the peers must not wait out the timeout for me
       throw;
     }
   }
@@ -266,7 +266,8 @@ std::vector<std::exception_ptr> VirtualWorld::run_ranks(const std::function<void
           body(*m.handles[static_cast<std::size_t>(r)]);
         } catch (...) {
           errors[static_cast<std::size_t>(r)] = std::current_exception();
-          m.barrier.abandon(r, report_of(errors[static_cast<std::size_t>(r)]).message);
+          const ErrorReport report = report_of(errors[static_cast<std::size_t>(r)]);
+          m.barrier.abandon(r, report.message, report.kind);
         }
       });
     } catch (const std::system_error& e) {
