@@ -8,8 +8,8 @@
 #include <memory>
 #include <string>
 
-#include "launch/launch_env.hpp"
-#include "launch/rendezvous.hpp"
+#include "tilemoe/launch/launch_env.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 #include "tilemoe/cuda/nccl_world.hpp"
 
 namespace tilemoe::bench {

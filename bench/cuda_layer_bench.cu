@@ -21,13 +21,13 @@
 #include <utility>
 #include <vector>
 
-#include "exec/cuda/cuda_check.hpp"
-#include "exec/cuda/device_array.hpp"
-#include "exec/cuda/event_timing.hpp"
-#include "exec/cuda/grouped_gemm.hpp"
-#include "exec/cuda/layer_timing.hpp"
-#include "exec/cuda/moe_kernels.hpp"
-#include "exec/cuda/planned_gemm.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+#include "core/cuda/event_timing.hpp"
+#include "kernels/gemm/stock/grouped_gemm.hpp"
+#include "tilemoe/cuda/layer_timing.hpp"
+#include "kernels/moe_kernels.hpp"
+#include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/median.hpp"
 #include "gpu_clock_sampler.hpp"

@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 #include "exec/cuda/gpu_rates.hpp"
-#include "launch/launch_env.hpp"
-#include "launch/rendezvous.hpp"
+#include "tilemoe/launch/launch_env.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 #include "bench_ranks.hpp"
 #include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
@@ -97,8 +97,9 @@ void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTranspor
   {
     cuda::EpMoeLayerOptions options;
     options.dispatch = path;
-    options.identity_experts = true;
-    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{seed}, transport, options);
+    cuda::EpMoeLayerHarness harness;
+    harness.identity_experts = true;  // the exchange alone
+    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{seed}, transport, options, harness);
     if (r == 0) description = layer.description();
     for (int run = 0; run < runs + 3; ++run) {  // 3 warm-ups
       transport.host_barrier();

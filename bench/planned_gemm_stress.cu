@@ -30,11 +30,11 @@
 #include <vector>
 
 #include "comm/cuda/bounded_sync.hpp"
-#include "exec/cuda/cuda_check.hpp"
-#include "exec/cuda/device_array.hpp"
-#include "exec/cuda/moe_kernels.hpp"
-#include "exec/cuda/planned_gemm.hpp"
-#include "exec/cuda/planned_gemm_probe.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+#include "kernels/moe_kernels.hpp"
+#include "kernels/gemm/planned/planned_gemm.hpp"
+#include "kernels/gemm/planned/planned_gemm_probe.hpp"
 
 using namespace tilemoe;
 

@@ -11,9 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "exec/cuda/cuda_check.hpp"
-#include "exec/cuda/device_array.hpp"
-#include "exec/cuda/moe_kernels.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+#include "kernels/moe_kernels.hpp"
 
 namespace tilemoe::bench {
 

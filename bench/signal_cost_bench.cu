@@ -17,11 +17,12 @@
 #include <string>
 #include <vector>
 
-#include "exec/cuda/cuda_check.hpp"
-#include "exec/cuda/device_array.hpp"
-#include "exec/cuda/moe_kernels.hpp"
-#include "exec/cuda/planned_gemm.hpp"
-#include "exec/cuda/tile_signal.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+#include "kernels/moe_kernels.hpp"
+#include "kernels/gemm/planned/planned_gemm.hpp"
+#include "strategies/tile_signal/defaults.hpp"
+#include "strategies/tile_signal/gpu_schedule.hpp"
 #include "tilemoe/median.hpp"
 
 using namespace tilemoe;
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
           cuda::launch_random_bf16(s, A.data(), a_count, 17 + tokens, 1.0f);
           cuda::launch_random_bf16(s, B.data(), b_count, 29 + tokens, 0.02f);
           cuda::DeviceArray<int> d_offset(row_offset.size()), d_block(block.size()), d_count_of(kVariants);
-          const int band_block = cuda::default_band_block(sms, (shape.hidden + cuda::kPlannedTileN - 1) / cuda::kPlannedTileN);
+          const int band_block = default_band_block(sms, (shape.hidden + cuda::kPlannedTileN - 1) / cuda::kPlannedTileN);
           TILEMOE_CUDA_CHECK(cudaMemcpyAsync(d_offset.data(), row_offset.data(), row_offset.size() * 4, cudaMemcpyHostToDevice, s));
           TILEMOE_CUDA_CHECK(cudaMemcpyAsync(d_block.data(), block.data(), block.size() * 4, cudaMemcpyHostToDevice, s));
           const auto capacity = static_cast<int>(cuda::max_tile_entries(rows, groups, shape.hidden, cluster));

@@ -22,9 +22,9 @@
 #include <string>
 #include <vector>
 
-#include "exec/cuda/cuda_check.hpp"
-#include "launch/launch_env.hpp"
-#include "launch/rendezvous.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/launch/launch_env.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 #include "bench_ranks.hpp"
 #include "rank_data.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
@@ -47,7 +47,7 @@ struct Shape {
 constexpr int kWholeExpert = 1 << 30;  // a band block no expert reaches: the sequential tile order
 
 struct Variant {
-  cuda::EpStrategy strategy;
+  Strategy strategy;
   int consumer_ctas;  // 0 = auto
   int mgb;
   int band_block = 0;  // 0 = the layer's rule
@@ -125,7 +125,7 @@ void run_rank(cuda::RankTransport& transport, const MoeConfig& config, const cud
   {
     cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{seed}, transport, options);
     out.how = layer.description();
-    out.overlapped = layer.strategy() == cuda::EpStrategy::TileSignal;
+    out.overlapped = layer.strategy() == Strategy::TileSignal;
     out.consumer_ctas = layer.consumer_ctas();
     for (int run = 0; run < runs + 2; ++run) {  // 2 warm-ups
       transport.host_barrier();
@@ -242,14 +242,14 @@ int main(int argc, char** argv) {
     const std::vector<int> world_sizes = nccl ? std::vector<int>{env.world_size} : quick ? std::vector<int>{4} : std::vector<int>{4, 8};
     // sequential (traced, for GEMM1's own span), auto (the cost model picks the strategy and
     // the split), tile_signal with the model's split, then the sweep
-    std::vector<Variant> variants = {{cuda::EpStrategy::Sequential, 0, 1, 0, true},
-                                     {cuda::EpStrategy::Sequential, 0, 1},
-                                     {cuda::EpStrategy::Auto, 0, 1},
-                                     {cuda::EpStrategy::TileSignal, 0, 1},
-                                     {cuda::EpStrategy::TileSignal, 0, 1, kWholeExpert}};
+    std::vector<Variant> variants = {{Strategy::Sequential, 0, 1, 0, true},
+                                     {Strategy::Sequential, 0, 1},
+                                     {Strategy::Auto, 0, 1},
+                                     {Strategy::TileSignal, 0, 1},
+                                     {Strategy::TileSignal, 0, 1, kWholeExpert}};
     const std::vector<int> sweep_c = quick ? std::vector<int>{2, 4, 8} : std::vector<int>{2, 4, 8, 14, 20, 28};
     for (int c : sweep_c) {
-      for (int mgb : {1, 2}) variants.push_back({cuda::EpStrategy::TileSignal, c, mgb});
+      for (int mgb : {1, 2}) variants.push_back({Strategy::TileSignal, c, mgb});
     }
     const int runs = quick ? 5 : 10;
     std::printf("%-13s %6s %5s %-30s %9s %8s %7s %7s | %8s %7s %7s %7s\n", "shape", "tokens", "ranks", "variant", "layer ms",
@@ -287,16 +287,16 @@ int main(int argc, char** argv) {
             if (v.consumer_ctas > sms_per_rank - 2) continue;
             cuda::EpMoeLayerOptions options;
             options.strategy = v.strategy;
-            options.consumer_ctas = v.consumer_ctas;
-            options.bands_per_segment = v.mgb;
-            options.band_block = v.band_block;
+            options.tile_signal.consumer_ctas = v.consumer_ctas;
+            options.tile_signal.bands_per_segment = v.mgb;
+            options.tile_signal.band_block = v.band_block;
             options.receive_rows = receive_rows;
             options.record_trace = true;  // every variant's last step: GEMM1's span next to the consumer's
             const std::size_t region = cuda::EpMoeLayer::region_bytes(config, n, options);
             // each rank's output against its own sequential output (kept by the rank's process)
             auto judge = [&](int r, const RankRun& run) {
               auto& seq = sequential_output[static_cast<std::size_t>(r)];
-              if (v.strategy == cuda::EpStrategy::Sequential) {
+              if (v.strategy == Strategy::Sequential) {
                 seq = run.output;
                 return true;
               }
@@ -370,7 +370,7 @@ int main(int argc, char** argv) {
             if (v.warmup) continue;
             const double layer_ms = median(res.step_ms);
             const bool overlapped = res.overlapped;  // auto may have picked sequential
-            if (v.strategy == cuda::EpStrategy::Sequential) {
+            if (v.strategy == Strategy::Sequential) {
               sequential_ms = layer_ms;
             } else {
               if (!res.bitwise) ++failures;
@@ -382,15 +382,15 @@ int main(int argc, char** argv) {
             }
             if (!overlapped) res.hidden = 0;
             const std::string variant =
-                v.strategy == cuda::EpStrategy::Sequential ? std::string("sequential")
-                : v.strategy == cuda::EpStrategy::Auto
+                v.strategy == Strategy::Sequential ? std::string("sequential")
+                : v.strategy == Strategy::Auto
                     ? std::string("auto -> ") + (overlapped ? "c=" + std::to_string(res.consumer_ctas) : "sequential")
                     : (v.consumer_ctas == 0 ? "tile_signal model-c" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
                           " mgb=" + std::to_string(v.mgb) + (v.band_block == kWholeExpert ? " unblocked" : "");
             const OverlapTimes& times = res.times;
             std::printf("%-13s %6d %5d %-30s %9.3f %7.2fx %6.0f%% %7s | %8.0f %7.0f %7.0f %7.0f   (%s; %s)\n", shape.name, tokens,
                         n, variant.c_str(), layer_ms, sequential_ms / layer_ms, 100.0 * res.hidden,
-                        v.strategy == cuda::EpStrategy::Sequential ? "-" : (res.bitwise ? "yes" : "NO"), times.gemm1_us,
+                        v.strategy == Strategy::Sequential ? "-" : (res.bitwise ? "yes" : "NO"), times.gemm1_us,
                         times.late_lane_us, overlapped ? times.first_ready_us : 0.0, overlapped ? times.tail_us : 0.0,
                         res.how.c_str(), where_run.c_str());
             std::fflush(stdout);
@@ -400,7 +400,7 @@ int main(int argc, char** argv) {
                            "\"mgb\":%d,\"layer_ms\":%.4f,\"sequential_ms\":%.4f,\"hidden_share\":%.4f,\"bitwise\":%s,"
                            "\"transport\":\"%s\",\"sms_per_rank\":%d,\"link_gbps\":%.1f,\"how\":\"%s\",\"runs\":%d,"
                            "\"gemm1_us\":%.1f,\"late_lane_us\":%.1f,\"first_ready_us\":%.1f,\"tail_us\":%.1f}\n",
-                           shape.name, tokens, n, variant.c_str(), v.strategy == cuda::EpStrategy::Auto ? "true" : "false",
+                           shape.name, tokens, n, variant.c_str(), v.strategy == Strategy::Auto ? "true" : "false",
                            overlapped ? res.consumer_ctas : 0, v.mgb, layer_ms, sequential_ms, res.hidden,
                            res.bitwise ? "true" : "false", nccl ? "nccl" : "virtual", sms_per_rank,
                            nccl ? 0.0 : world_options.link_gbps, res.how.c_str(), runs, times.gemm1_us, times.late_lane_us,

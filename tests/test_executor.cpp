@@ -48,7 +48,7 @@ TEST(CpuExecutor, AllStrategiesEqualTheDenseReferenceBitwiseOverARandomSweep) {
     o.tile_n = 8 * (1 + static_cast<std::int64_t>(rng() % 2));
     o.compute_workers = 1 + static_cast<int>(rng() % 2);
     o.comm_workers = 1 + static_cast<int>(rng() % 2);
-    o.merge_bands = 1 + static_cast<int>(rng() % 2);
+    o.tile_signal.bands_per_segment = 1 + static_cast<int>(rng() % 2);
     o.combine_tokens = 1 + static_cast<std::int64_t>(rng() % 16);
     CpuRunOptions run;
     run.max_delay_us = trial % 2 == 0 ? 200 : 0;  // shake the timing in half of the trials

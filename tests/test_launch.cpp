@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "launch/launch_env.hpp"
-#include "launch/rendezvous.hpp"
+#include "tilemoe/launch/launch_env.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 #include "tilemoe/error.hpp"
 
 using namespace tilemoe;

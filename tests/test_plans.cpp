@@ -7,6 +7,7 @@
 #include <set>
 
 #include "step_fixture.hpp"
+#include "strategies/tile_signal/defaults.hpp"
 #include "tilemoe/error.hpp"
 
 using namespace tilemoe;
@@ -37,7 +38,7 @@ TEST(Plans, CompiledPlansPassTheCheckerOverASweep) {
     const auto pattern = static_cast<RoutingPattern>(trial % 3);
     const StepCase c = make_case(world, pattern, static_cast<std::uint64_t>(trial));
     PlanOptions o = options(1 + static_cast<std::int64_t>(rng() % 6), 8 * (1 + static_cast<std::int64_t>(rng() % 3)));
-    o.merge_bands = 1 + static_cast<int>(rng() % 2);
+    o.tile_signal.bands_per_segment = 1 + static_cast<int>(rng() % 2);
     for (Strategy s : {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet}) {
       SCOPED_TRACE("trial " + std::to_string(trial) + " " + std::string(strategy_name(s)));
       const auto plans = compile_plan(s, world, c.routing, o);
@@ -88,7 +89,7 @@ TEST(Plans, TileSignalTilesHaveOneOwnerAndRemoteTilesComeFirst) {
       if (i == 0 || i + 1 == sends.size()) {
         EXPECT_EQ(bands, 1) << "segment " << i;
       }
-      EXPECT_LE(bands, o.merge_bands);
+      EXPECT_LE(bands, cpu_bands_per_segment(o.tile_signal));
       rows_sent += sends[i]->rows;
     }
     std::int64_t routed_here = 0;
@@ -179,8 +180,12 @@ TEST(Plans, RejectsBadOptionsAndRouting) {
   o.tile_m = 0;
   EXPECT_THROW(compile_plan(Strategy::Sequential, world, c.routing, o), Error);
   o = options();
-  o.merge_bands = 0;
+  o.tile_signal.bands_per_segment = -1;
   EXPECT_THROW(compile_plan(Strategy::TileSignal, world, c.routing, o), Error);
+  // auto is a GPU layer's choice among strategies, not a plan compiler
+  EXPECT_THROW(compile_plan(Strategy::Auto, world, c.routing, options()), Error);
+  EXPECT_EQ(parse_strategy("auto"), Strategy::Auto);
+  EXPECT_EQ(strategy_name(Strategy::Auto), "auto");
   std::vector<Routing> bad = c.routing;
   bad[1].expert[0] = 99;
   EXPECT_THROW(compile_plan(Strategy::Comet, world, bad, options()), Error);

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tilemoe/error.hpp"
-#include "tilemoe/sm_split.hpp"
+#include "strategies/tile_signal/split_model.hpp"
 
 using namespace tilemoe;
 

@@ -10,7 +10,7 @@
 
 #include "tilemoe/plan.hpp"
 #include "tilemoe/tensor.hpp"
-#include "tilemoe/trace.hpp"
+#include "tilemoe/step_trace.hpp"
 #include "tilemoe/weights.hpp"
 
 namespace tilemoe {

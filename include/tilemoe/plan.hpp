@@ -21,12 +21,10 @@
 
 #include "tilemoe/config.hpp"
 #include "tilemoe/routing.hpp"
+#include "tilemoe/strategy.hpp"
+#include "tilemoe/strategy_options.hpp"
 
 namespace tilemoe {
-
-enum class Strategy : std::uint8_t { Sequential, TileSignal, Comet };
-std::string_view strategy_name(Strategy strategy);  // "sequential", "tile_signal", "comet"
-Strategy parse_strategy(std::string_view name);
 
 enum class BufferId : std::uint8_t {
   Input,       // [tokens, hidden]        this rank's tokens
@@ -155,8 +153,8 @@ struct PlanOptions {
   std::int64_t tile_n = 64;  // GEMM tile width (columns) for both layers
   std::int32_t compute_workers = 2;
   std::int32_t comm_workers = 1;
-  std::int32_t merge_bands = 2;     // tile_signal: mgb, row bands per middle segment (1 or 2)
-  std::int64_t comet_split_cols = 0;  // comet: T_N columns per layer-1 split; 0 = hidden / 4
+  TileSignalOptions tile_signal;     // bands_per_segment: mgb, row bands per middle segment
+  CometOptions comet;
   std::int64_t combine_tokens = 32;   // tokens per combine task
 };
 void validate(const PlanOptions& options, const EpWorld& world);

@@ -1,4 +1,4 @@
-#include "launch_env.hpp"
+#include "tilemoe/launch/launch_env.hpp"
 
 #include <cstdlib>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "rendezvous.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 #include "sm90_device.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
@@ -237,9 +237,9 @@ void run_case(const Case& c, std::uint64_t seed) {
     transport.bind_thread();
     RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden, transport.stream(cuda::RankStream::Main));
     cuda::EpMoeLayerOptions overlap;
-    overlap.strategy = cuda::EpStrategy::TileSignal;
-    overlap.bands_per_segment = c.ranks % 2 == 0 ? 2 : 1;
-    overlap.band_block = c.ranks == 4 ? 2 : 0;  // the smallest blocks, and the layer's rule
+    overlap.strategy = Strategy::TileSignal;
+    overlap.tile_signal.bands_per_segment = c.ranks % 2 == 0 ? 2 : 1;
+    overlap.tile_signal.band_block = c.ranks == 4 ? 2 : 0;  // the smallest blocks, and the strategy's rule
     {
       cuda::EpMoeLayer ts_layer(config, weights, transport, overlap);
       if (r == 0) description[ri] = ts_layer.description();
@@ -275,9 +275,9 @@ void silent_rank_times_out(int ranks, int silent) {
   on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     RankBuffers b(step.inputs[ri], step.logits[ri], 64, config.hidden, vw.rank(r).stream(cuda::RankStream::Main));
-    cuda::EpMoeLayerOptions options;
-    options.silent = r == silent;
-    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{5}, vw.rank(r), options);
+    cuda::EpMoeLayerHarness harness;
+    harness.silent = r == silent;
+    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{5}, vw.rank(r), {}, harness);
     const auto start = std::chrono::steady_clock::now();
     try {
       layer.forward(b.stream, b.input, b.logits, b.output, 64);
@@ -374,8 +374,8 @@ void bad_input_is_refused() {
   // after the ranks agree on their settings, so on every rank)
   std::vector<int> crowded_refused(2, 0);
   cuda::EpMoeLayerOptions crowded;
-  crowded.strategy = cuda::EpStrategy::TileSignal;
-  crowded.consumer_ctas = 80;
+  crowded.strategy = Strategy::TileSignal;
+  crowded.tile_signal.consumer_ctas = 80;
   on_every_rank(vw, [&](int r) {
     crowded_refused[static_cast<std::size_t>(r)] =
         refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, vw.rank(r), crowded); }, "more than half");

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "exec/cuda/grouped_gemm.hpp"
+#include "kernels/gemm/stock/grouped_gemm.hpp"
 #include "tilemoe/error.hpp"
 #include "sm90_device.hpp"
 

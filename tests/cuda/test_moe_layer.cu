@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "comm/cuda/bounded_sync.hpp"
-#include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/error.hpp"

@@ -27,9 +27,9 @@
 #include <vector>
 
 #include "comm/cuda/bounded_sync.hpp"
-#include "exec/cuda/grouped_gemm.hpp"
-#include "exec/cuda/planned_gemm.hpp"
-#include "exec/cuda/planned_gemm_probe.hpp"
+#include "kernels/gemm/stock/grouped_gemm.hpp"
+#include "kernels/gemm/planned/planned_gemm.hpp"
+#include "kernels/gemm/planned/planned_gemm_probe.hpp"
 #include "tilemoe/error.hpp"
 #include "sm90_device.hpp"
 

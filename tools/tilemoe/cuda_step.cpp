@@ -8,12 +8,12 @@
 #include <cstring>
 #include <mutex>
 
-#include "exec/cuda/cuda_check.hpp"
-#include "exec/cuda/device_array.hpp"
-#include "exec/cuda/layer_timing.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+#include "tilemoe/cuda/layer_timing.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
-#include "launch/launch_env.hpp"
-#include "launch/rendezvous.hpp"
+#include "tilemoe/launch/launch_env.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/cuda/nccl_world.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
@@ -53,8 +53,9 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
                    const cuda::EpMoeLayerOptions& world_options, int silent_rank, const std::string& how, CudaStepOutput& result,
                    double& forward_ms) {
   const int r = transport.rank();
-  cuda::EpMoeLayerOptions options = world_options;
-  options.silent = r == silent_rank;  // the fault injection: this rank's exchange sends nothing
+  const cuda::EpMoeLayerOptions& options = world_options;
+  cuda::EpMoeLayerHarness harness;
+  harness.silent = r == silent_rank;  // the fault injection: this rank's exchange sends nothing
   const auto ri = static_cast<std::size_t>(r);
   const std::int64_t tokens = step.world.tokens_per_rank[ri];
   const Matrix& input = step.inputs[ri];
@@ -70,7 +71,7 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(x.data(), input.data.data(), input.data.size(), cudaMemcpyHostToDevice, stream));
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(l.data(), step.logits[ri].data(), step.logits[ri].size() * 4, cudaMemcpyHostToDevice, stream));
     TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    cuda::EpMoeLayer ep(layer, step.weights, transport, options);
+    cuda::EpMoeLayer ep(layer, step.weights, transport, options, harness);
     if (r == 0) result.description = how + ", " + ep.description();
     for (int run = 0; run < 2; ++run) {  // the first is the warm-up
       TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));  // NaN poison
@@ -96,12 +97,12 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
       result.spans.insert(result.spans.end(), spans.begin(), spans.end());
     }
     transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
-    if (ep.strategy() != cuda::EpStrategy::Sequential) {
+    if (ep.strategy() != Strategy::Sequential) {
       // an overlap strategy must give the sequential bits: the same step once more, sequential
       cuda::EpMoeLayerOptions plain = options;
-      plain.strategy = cuda::EpStrategy::Sequential;
+      plain.strategy = Strategy::Sequential;
       plain.record_trace = false;
-      cuda::EpMoeLayer sequential(layer, step.weights, transport, plain);
+      cuda::EpMoeLayer sequential(layer, step.weights, transport, plain, harness);
       TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));
       sequential.forward(stream, x.data(), l.data(), out.data(), tokens);
       sequential.check(stream);
@@ -134,12 +135,10 @@ cuda::EpMoeLayerOptions ep_layer_options(const CudaStepOptions& options) {
     throw_bad_input("unknown --dispatch '" + options.dispatch + "': use device or host");
   }
   ep_options.record_trace = options.trace;
-  if (options.strategy == "tile_signal") {
-    ep_options.strategy = cuda::EpStrategy::TileSignal;
-  } else if (options.strategy == "auto") {
-    ep_options.strategy = cuda::EpStrategy::Auto;
-  } else if (options.strategy != "sequential") {
-    throw_bad_input("--backend cuda runs the strategies sequential, tile_signal and auto, not '" + options.strategy + "'");
+  ep_options.strategy = parse_strategy(options.strategy);
+  ep_options.tile_signal = options.tile_signal;
+  if (ep_options.strategy == Strategy::Comet) {
+    throw_bad_input("--backend cuda runs the strategies sequential, tile_signal and auto; comet runs on the CPU engine only");
   }
   return ep_options;
 }

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "launch/launch_env.hpp"
-#include "launch/rendezvous.hpp"
+#include "tilemoe/launch/launch_env.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 #include "tilemoe/error.hpp"
 
 extern char** environ;

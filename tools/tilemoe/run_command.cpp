@@ -17,6 +17,7 @@
 #include "tilemoe/error.hpp"
 #include "tilemoe/reference.hpp"
 #include "tilemoe/step_io.hpp"
+#include "tilemoe/step_trace.hpp"
 #include "tilemoe/trace.hpp"
 
 namespace tilemoe::cli {
@@ -87,6 +88,7 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
   cuda_options.transport = options.transport;
   cuda_options.strategy = options.strategy == "all" ? "sequential" : options.strategy;
   cuda_options.dispatch = options.dispatch;
+  cuda_options.tile_signal = options.step.plan.tile_signal;
   cuda_options.link_gbps = options.link_gbps;
   cuda_options.sms_per_rank = options.sms_per_rank;
   cuda_options.trace = !options.trace_path.empty();

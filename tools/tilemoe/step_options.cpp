@@ -26,8 +26,8 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--tile-n", plan.tile_n, "GEMM tile columns")->capture_default_str();
   app.add_option("--compute-workers", plan.compute_workers, "compute workers per rank")->capture_default_str();
   app.add_option("--comm-workers", plan.comm_workers, "communication workers per rank")->capture_default_str();
-  app.add_option("--mgb", plan.merge_bands, "tile_signal: row bands merged per middle segment")->capture_default_str();
-  app.add_option("--comet-split", plan.comet_split_cols, "comet: hidden columns per layer-1 split (0 = hidden/4)")->capture_default_str();
+  app.add_option("--mgb", plan.tile_signal.bands_per_segment, "tile_signal: row bands merged per middle segment (0 = the strategy's choice)")->capture_default_str();
+  app.add_option("--comet-split", plan.comet.split_cols, "comet: hidden columns per layer-1 split (0 = hidden/4)")->capture_default_str();
   app.add_option("--combine-tokens", plan.combine_tokens, "tokens per combine task")->capture_default_str();
 }
 

@@ -23,6 +23,8 @@
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/cuda/rank_transport.hpp"
 #include "tilemoe/routing.hpp"
+#include "tilemoe/strategy.hpp"
+#include "tilemoe/strategy_options.hpp"
 #include "tilemoe/trace.hpp"
 #include "tilemoe/weights.hpp"
 
@@ -30,18 +32,6 @@ namespace tilemoe::cuda {
 
 enum class DispatchPath { Device, Host };
 const char* dispatch_path_name(DispatchPath path);
-
-// How GEMM1 and the combine send meet.
-//  Sequential: the combine send starts when GEMM1 has finished.
-//  TileSignal: GEMM1 raises a flag per row band, bands holding other ranks' rows first, and a
-//              consumer kernel on its own CTAs ships each band as soon as it is ready (ICPP
-//              2026); the owner combines each token as soon as its k rows have landed. Same
-//              rows, same GEMM, same destinations, same sums: bitwise the sequential output.
-//  Auto:       TileSignal with the consumer CTAs of the SM split's cost model
-//              (include/tilemoe/sm_split.hpp, rates calibrated once per GPU and cached) where
-//              the model sees it win for the layer's shape, else Sequential.
-enum class EpStrategy { Sequential, TileSignal, Auto };
-const char* ep_strategy_name(EpStrategy strategy);
 
 // Events between the stages of an expert-parallel forward (per-stage timing).
 enum EpStage {
@@ -60,22 +50,10 @@ struct EpMoeLayerOptions {
   // together with the exchange kernels of the other ranks sharing it (they wait for each
   // other, so all of them must be resident at once). Values that do not fit are bad input.
   int exchange_ctas_per_peer = 0;
-  // Fault injection for tests: this rank's exchange kernels send nothing (no counts, no rows),
-  // as a stalled or dead peer would; the other ranks must fail with a timeout naming it.
-  bool silent = false;
-  // Benchmarks of the exchange alone (DeepEP's dispatch/combine benchmark): the experts return
-  // their input rows unchanged; no expert weights are allocated. Not a MoE layer.
-  bool identity_experts = false;
-  EpStrategy strategy = EpStrategy::Sequential;
-  // TileSignal: the consumer's CTAs (GEMM1 leaves as many SMs free; 0 = the cost model's best
-  // split for the shape) and the bands
-  // it waits for and ships as one segment (mgb).
-  int consumer_ctas = 0;
-  int bands_per_segment = 1;
-  // TileSignal: GEMM1 computes each expert's bands in blocks of this many (even; all column
-  // tiles of a block before the next block), so that bands are ready for the consumer one
-  // block at a time; 0 = about two waves of GEMM1's clusters per block.
-  int band_block = 0;
+  // Sequential, TileSignal or Auto (include/tilemoe/strategy.hpp); Comet runs on the CPU engine
+  // only for now (bad input here).
+  Strategy strategy = Strategy::Sequential;
+  TileSignalOptions tile_signal;  // its knobs; 0 = the strategy's choice
   // Rows a rank can receive per step; 0 = the dropless worst case (every source's tokens x
   // min(top_k, local experts) rows, 3.8 GB per rank at DeepSeek-V3's shape with 8 x 4096
   // tokens). A smaller capacity (DeepEP's max tokens per rank) saves memory; a step whose
@@ -84,6 +62,17 @@ struct EpMoeLayerOptions {
   // Record device timestamps of GEMM1's tiles and (tile_signal) the consumer's segments, for
   // last_trace(). Costs a store per tile and segment.
   bool record_trace = false;
+};
+
+// Not options of a MoE layer, and not for users: a fault to inject (tests) and the mode of the
+// exchange benchmark.
+struct EpMoeLayerHarness {
+  // This rank's exchange kernels send nothing (no counts, no rows), as a stalled or dead peer
+  // would; the other ranks must fail with a timeout naming it.
+  bool silent = false;
+  // The experts return their input rows unchanged and no expert weights are allocated: the
+  // exchange alone (DeepEP's dispatch/combine benchmark). Not a MoE layer.
+  bool identity_experts = false;
 };
 
 class EpMoeLayer {
@@ -99,8 +88,10 @@ class EpMoeLayer {
   // or process): the constructor ends with a host barrier of the world. No forward of another
   // layer may be in flight on the same world. `weights` holds all experts (each rank uploads
   // its own); RandomDeviceWeights draws the same layer as the one-GPU MoeLayer with that seed.
-  EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, RankTransport& transport, EpMoeLayerOptions options = {});
-  EpMoeLayer(const MoeConfig& layer, RandomDeviceWeights weights, RankTransport& transport, EpMoeLayerOptions options = {});
+  EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, RankTransport& transport, EpMoeLayerOptions options = {},
+             EpMoeLayerHarness harness = {});
+  EpMoeLayer(const MoeConfig& layer, RandomDeviceWeights weights, RankTransport& transport, EpMoeLayerOptions options = {},
+             EpMoeLayerHarness harness = {});
   ~EpMoeLayer();
   EpMoeLayer(const EpMoeLayer&) = delete;
   EpMoeLayer& operator=(const EpMoeLayer&) = delete;
@@ -122,15 +113,16 @@ class EpMoeLayer {
   void check(cudaStream_t stream);
 
   // The last forward's GEMM1 tiles (track "GEMM1 tiles", a lane per CTA) and consumer segments
-  // (track "consumer", a lane per CTA), %globaltimer ns; needs record_trace (waits for the stream).
+  // (track "consumer", a lane per CTA), %globaltimer ns; needs record_trace. Waits for the
+  // stream as check() does, bounded: a stalled step is a Timeout error, never a hang.
   std::vector<DeviceSpan> last_trace(cudaStream_t stream) const;
 
-  // The routing of this rank's tokens in the last forward (waits for the stream).
+  // The routing of this rank's tokens in the last forward (waits for the stream, bounded).
   Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;
 
   const MoeConfig& config() const;
   int exchange_ctas_per_peer() const;
-  EpStrategy strategy() const;  // what runs: Auto resolved to Sequential or TileSignal
+  Strategy strategy() const;    // what runs: Auto resolved to Sequential or TileSignal
   int consumer_ctas() const;    // TileSignal's consumer CTAs (0 otherwise)
   std::string description() const;  // "device dispatch, 4 CTAs per peer, planned c1x2"
 

@@ -2,7 +2,7 @@
 
 #include <thread>
 
-#include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 
 namespace tilemoe::cuda {
 

@@ -11,8 +11,8 @@
 
 #include "comm/cuda/bounded_sync.hpp"
 #include "comm/cuda/device_transport.hpp"
-#include "exec/cuda/cuda_check.hpp"
-#include "launch/rendezvous.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/launch/rendezvous.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {

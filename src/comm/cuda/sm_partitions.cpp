@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {

@@ -10,7 +10,7 @@
 #include "comm/cuda/device_transport.hpp"
 #include "comm/cuda/sm_partitions.hpp"
 #include "comm/timed_barrier.hpp"
-#include "exec/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/error.hpp"
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <thread>
 
-#include "../../comm/cpu/shm_transport.hpp"
-#include "../../core/expert_math.hpp"
+#include "comm/cpu/shm_transport.hpp"
+#include "core/expert_math.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe {

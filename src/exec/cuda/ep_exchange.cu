@@ -4,8 +4,8 @@
 
 #include "comm/cuda/device_sync.cuh"
 #include "comm/cuda/gin_transport.cuh"
-#include "cuda_check.hpp"
-#include "exchange_device.cuh"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "exec/cuda/row_copy.cuh"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {

@@ -16,7 +16,7 @@
 //     the row's position in the source's own permuted order, adds 1 per CTA to
 //     combine_arrivals[owner] at the source, and waits for all its own rows to return.
 //  4. the ordinary combine (top-k slot order) reads returned_rows as the one-GPU layer reads y.
-// The tile-signal overlap replaces 3 and 4 (tile_signal.hpp): its consumer ships rows during
+// The tile-signal overlap replaces 3 and 4 (exec/cuda/band_consumer.hpp, exec/cuda/arrival_combine.hpp): its consumer ships rows during
 // GEMM1 and raises each row's row_arrivals; the owner combines each token once its rows are in.
 // Everything before dispatch_rows is zeroed when a layer starts on the region.
 #include <cuda_runtime.h>

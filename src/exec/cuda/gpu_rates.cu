@@ -9,12 +9,12 @@
 #include <thread>
 #include <vector>
 
-#include "cuda_check.hpp"
-#include "device_array.hpp"
-#include "event_timing.hpp"
-#include "exchange_device.cuh"
-#include "moe_kernels.hpp"
-#include "planned_gemm.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+#include "core/cuda/event_timing.hpp"
+#include "exec/cuda/row_copy.cuh"
+#include "kernels/moe_kernels.hpp"
+#include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {

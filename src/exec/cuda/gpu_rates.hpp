@@ -1,10 +1,10 @@
 #pragma once
-// The two rates of the SM split's cost model (include/tilemoe/sm_split.hpp), measured on this
+// The two rates of the SM split's cost model (src/strategies/tile_signal/split_model.hpp), measured on this
 // GPU once and cached: the planned grouped GEMM's FLOP/s per SM and the consumer's row-copy
 // bytes/s per CTA.
 #include <cuda_runtime.h>
 
-#include "tilemoe/sm_split.hpp"
+#include "tilemoe/gpu_rates.hpp"
 
 namespace tilemoe::cuda {
 

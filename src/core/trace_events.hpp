@@ -1,0 +1,26 @@
+#pragma once
+// The parts of a trace file every tracer shares: intervals (busy time, overlap) and the
+// trace-event JSON file (Chrome / Perfetto), written atomically.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tilemoe {
+
+using Interval = std::pair<std::int64_t, std::int64_t>;
+
+// Sorted, overlapping spans joined.
+std::vector<Interval> merge_intervals(std::vector<Interval> spans);
+// Total length of disjoint spans.
+std::int64_t total_length(const std::vector<Interval>& spans);
+// Length of the intersection of two sorted lists of disjoint spans.
+std::int64_t overlap_length(const std::vector<Interval>& a, const std::vector<Interval>& b);
+
+// Writes {"traceEvents": events} to `path` through a temporary file, so a failure leaves
+// nothing half-written there.
+void write_trace_events(const std::string& path, const nlohmann::json& events);
+
+}  // namespace tilemoe

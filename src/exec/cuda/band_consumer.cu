@@ -1,0 +1,115 @@
+#include "band_consumer.hpp"
+
+#include "comm/cuda/device_sync.cuh"
+#include "row_copy.cuh"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::cuda {
+
+namespace {
+
+constexpr int kConsumerThreads = 512;
+constexpr int kMaxBandsPerSegment = 32;
+
+// One thread: this rank's GEMM flag >= expected (GPU scope: the producer is on this GPU),
+// bounded like every other wait.
+__device__ inline bool wait_tile_flag(const DeviceTransport& t, const unsigned* flag, unsigned expected, std::uint64_t step) {
+  ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> ref(*const_cast<unsigned*>(flag));
+  return bounded_wait(t, [&ref] { return static_cast<std::uint64_t>(ref.load(::cuda::memory_order_acquire)); }, expected, t.rank,
+                      comm::WaitSubject::TileFlags, step);
+}
+
+__global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransport t, BandConsumerArgs a) {
+  const EpExchangeArgs& x = a.exchange;
+  const int N = t.world, me = t.rank, tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32, warp = tid / 32, warps = kConsumerThreads / 32;
+  const std::uint64_t epoch = *x.tables.epoch;
+  const int* block = x.tables.block_offset;
+  const int* back = x.tables.return_offset;
+  const int row_bytes = x.hidden * 2;
+  __shared__ int s_ok;
+  __shared__ TileBand s_bands[kMaxBandsPerSegment];
+  if (tid == 0) s_ok = !x.silent && !transport_failed(t);
+  __syncthreads();
+  const int bands = max(*a.band_count, 0);
+  const int per = a.bands_per_segment;
+  const int segments = (bands + per - 1) / per;
+  for (int s = static_cast<int>(blockIdx.x); s < segments; s += static_cast<int>(gridDim.x)) {
+    const int first = s * per, here = min(per, bands - first);
+    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s] = global_timer_ns();
+    if (tid < here) {
+      s_bands[tid] = a.bands[first + tid];
+      if (!wait_tile_flag(t, a.flags + s_bands[tid].id, a.tiles_per_band, epoch)) s_ok = 0;
+    }
+    __syncthreads();  // extends the flags' acquire to the CTA
+    const bool ok = s_ok != 0;
+    __syncthreads();  // all have read s_ok before the next segment's waits may clear it
+    if (!ok) break;
+    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 1] = global_timer_ns();
+    // the segment's rows, a warp per row, each to its source at its place in the source's order;
+    // with link emulation every warp paces its remote rows to its share of the rank's link
+    // (all consumer warps together, from the segment's start: conservative when few are busy)
+    // after its rows, the warp raises their arrival flags at their sources, up to 32 at once
+    // (a lane per row, each a release after the warp's barrier: one fence for 32 rows)
+    const bool paced = t.link_bytes_per_ns > 0.0;
+    const std::uint64_t copy_start = paced ? global_timer_ns() : 0;
+    double sent = 0;
+    int pending = 0, flag_rank = 0, flag_row = 0;  // pending is the same on all lanes
+    auto raise_pending = [&] {
+      __syncwarp();  // the warp's row stores are ordered before each lane's release
+      if (lane < pending) store_release(region_at<std::uint64_t>(t, flag_rank, x.layout.row_arrivals) + flag_row, epoch);
+      pending = 0;
+    };
+    for (int b = 0; b < here; ++b) {
+      const TileBand band = s_bands[b];
+      for (int r = warp; r < band.rows; r += warps) {
+        const int row = band.row_begin + r;
+        const int q = segment_of(block + band.group * N, 0, N, row);
+        const int dest = back[band.group * N + q] + (row - block[band.group * N + q]);
+        copy_row(region_at<std::byte>(t, q, x.layout.returned_rows) + static_cast<std::size_t>(dest) * row_bytes,
+                 x.expert_out + static_cast<std::size_t>(row) * row_bytes, row_bytes, lane);
+        if (lane == pending) {
+          flag_rank = q;
+          flag_row = dest;
+        }
+        if (++pending == 32) raise_pending();
+        if (paced && q != me) {
+          sent += row_bytes;
+          if (lane == 0) pace_link(t, copy_start, sent, 1.0 / (static_cast<double>(gridDim.x) * warps));
+          __syncwarp();
+        }
+      }
+    }
+    if (pending > 0) raise_pending();
+    __syncthreads();
+    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 2] = global_timer_ns();
+  }
+}
+
+}  // namespace
+
+void launch_band_consumer(cudaStream_t stream, const DeviceTransport& t, const BandConsumerArgs& a) {
+  if (a.ctas < 1 || a.bands_per_segment < 1 || a.bands_per_segment > kMaxBandsPerSegment || a.tiles_per_band < 1) {
+    throw_internal("band consumer: bad arguments");
+  }
+  if (a.ctas % 2 != 0) throw_internal("band consumer: it launches clusters of 2 CTAs");
+  // Clusters of 2, like GEMM1's: a lone consumer CTA on each of several SM pairs would leave
+  // single free SMs where no GEMM cluster fits, and the GEMM clusters that do not fit would
+  // run as a second wave (measured: GEMM1 twice as long at 4 and 8 loose consumer CTAs)
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(a.ctas));
+  config.blockDim = dim3(kConsumerThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster;
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, consumer_kernel, t, a));
+  TILEMOE_CUDA_CHECK_LAUNCH("band consumer");
+}
+
+}  // namespace tilemoe::cuda

@@ -1,0 +1,293 @@
+#include <climits>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+
+#include "combine_vector.cuh"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/error.hpp"
+#include "moe_kernels.hpp"
+
+namespace tilemoe::cuda {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kMaxPerLane = 32;  // E <= 1024
+
+__device__ inline bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
+
+// One warp per token; lane l holds experts l, l + 32, ... (kPerLane of them, E <= 32 * kPerLane).
+// kPerLane is a template argument so that every loop unrolls and the values stay in registers
+// (with a runtime bound and a dynamic index the array lived in local memory, and the router took
+// 0.07-0.17 ms at 16384 tokens for 0.5-16 MB of logits). The order of every sum and comparison
+// is the same for any kPerLane, so the result does not depend on it.
+template <int kPerLane>
+__global__ void router_kernel(const float* __restrict__ logits, int tokens, int experts, int top_k, bool renormalize,
+                              std::int32_t* __restrict__ expert_out, float* __restrict__ weight_out,
+                              int* __restrict__ error_token) {
+  const int warps_per_block = blockDim.x / kWarp;
+  const int token = blockIdx.x * warps_per_block + threadIdx.x / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (token >= tokens) return;
+  const float* row = logits + static_cast<std::size_t>(token) * experts;
+  float value[kPerLane];
+  float max_logit = -INFINITY;
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    value[i] = e < experts ? row[e] : -INFINITY;
+    if (e < experts) {
+      bad |= !isfinite(value[i]);
+      max_logit = fmaxf(max_logit, value[i]);
+    }
+  }
+  if (__any_sync(0xffffffffu, bad)) {
+    if (lane == 0) atomicMin(error_token, token);
+    return;
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    value[i] = e < experts ? expf(value[i] - max_logit) : -1.0f;  // -1: never chosen
+    if (e < experts) sum += value[i];
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  float chosen_sum = 0.0f;
+  for (int j = 0; j < top_k; ++j) {
+    float best = -2.0f;
+    int best_id = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + i * kWarp;
+      if (e < experts && better(value[i], e, best, best_id)) best = value[i], best_id = e;
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+      if (better(other, other_id, best, best_id)) best = other, best_id = other_id;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + i * kWarp == best_id) value[i] = -1.0f;  // taken
+    }
+    const float p = best / sum;
+    chosen_sum += p;
+    if (lane == 0) {
+      expert_out[static_cast<std::size_t>(token) * top_k + j] = best_id;
+      weight_out[static_cast<std::size_t>(token) * top_k + j] = p;
+    }
+  }
+  if (renormalize && lane == 0) {
+    for (int j = 0; j < top_k; ++j) weight_out[static_cast<std::size_t>(token) * top_k + j] /= chosen_sum;
+  }
+}
+
+// row_offset[e] = the first row whose expert is >= e, over the sorted experts of the rows.
+__global__ void offsets_kernel(const std::int32_t* __restrict__ sorted_expert, int slots, int experts,
+                               int* __restrict__ row_offset) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= slots) return;
+  const int e = sorted_expert[i];
+  const int previous = i > 0 ? sorted_expert[i - 1] : -1;
+  for (int x = previous + 1; x <= e; ++x) row_offset[x] = i;
+  if (i == slots - 1) {
+    for (int x = e + 1; x <= experts; ++x) row_offset[x] = slots;
+  }
+}
+
+__global__ void empty_offsets_kernel(int experts, int* row_offset) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e <= experts) row_offset[e] = 0;
+}
+
+__global__ void inverse_kernel(const int* __restrict__ slot_of_row, int slots, int* __restrict__ row_of_slot) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < slots) row_of_slot[slot_of_row[i]] = i;
+}
+
+__device__ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+__global__ void random_bf16_kernel(__nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale, std::uint64_t first_index) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    const float unit = static_cast<float>(mix(seed * 0x632be59bd9b4e019ull + first_index + i) >> 40) * (1.0f / 16777216.0f);
+    p[i] = __float2bfloat16_rn((2.0f * unit - 1.0f) * scale);
+  }
+}
+
+__global__ void fill_kernel(int* p, int n, int value) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = value;
+}
+
+__global__ void iota_kernel(int n, int* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = i;
+}
+
+__global__ void permute_kernel(const uint4* __restrict__ x, int vectors_per_row, int top_k, const int* __restrict__ slot_of_row,
+                               int rows, uint4* __restrict__ out) {
+  const int row = blockIdx.x;
+  if (row >= rows) return;
+  const int token = slot_of_row[row] / top_k;
+  const uint4* src = x + static_cast<std::size_t>(token) * vectors_per_row;
+  uint4* dst = out + static_cast<std::size_t>(row) * vectors_per_row;
+  for (int v = threadIdx.x; v < vectors_per_row; v += blockDim.x) dst[v] = src[v];
+}
+
+__device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }
+__device__ inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+// Eight outputs per thread: 16-byte loads and stores (ffn % 8 == 0).
+__global__ void activation_kernel(const __nv_bfloat16* __restrict__ h, long long rows, int ffn, bool use_gelu,
+                                  __nv_bfloat16* __restrict__ act) {
+  const long long groups = rows * ffn / 8;
+  for (long long g = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; g < groups;
+       g += static_cast<long long>(gridDim.x) * blockDim.x) {
+    float out[8];
+    if (use_gelu) {
+      const uint4 v = reinterpret_cast<const uint4*>(h)[g];
+      const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&v);
+      for (int q = 0; q < 4; ++q) {
+        out[2 * q] = gelu(__bfloat162float(p[q].x));
+        out[2 * q + 1] = gelu(__bfloat162float(p[q].y));
+      }
+    } else {
+      // outputs 8g .. 8g+7 read the gate/up pairs 16g .. 16g+15 of the same row (ffn % 8 == 0)
+      const uint4* src = reinterpret_cast<const uint4*>(h) + 2 * g;
+      const uint4 v[2] = {src[0], src[1]};
+      const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(v);
+      for (int q = 0; q < 8; ++q) out[q] = silu(__bfloat162float(p[q].x)) * __bfloat162float(p[q].y);
+    }
+    uint4 packed;
+    __nv_bfloat162* r = reinterpret_cast<__nv_bfloat162*>(&packed);
+    for (int q = 0; q < 4; ++q) r[q] = __floats2bfloat162_rn(out[2 * q], out[2 * q + 1]);
+    reinterpret_cast<uint4*>(act)[g] = packed;
+  }
+}
+
+__global__ void combine_kernel(const __nv_bfloat16* __restrict__ y, const float* __restrict__ weight,
+                               const int* __restrict__ row_of_slot, int tokens, int top_k, int hidden,
+                               __nv_bfloat16* __restrict__ out) {
+  const int token = blockIdx.x;
+  if (token >= tokens) return;
+  const int vectors = hidden / 8;
+  for (int v = threadIdx.x; v < vectors; v += blockDim.x) {
+    reinterpret_cast<uint4*>(out + static_cast<std::size_t>(token) * hidden)[v] =
+        combine_vector(y, weight, row_of_slot, token, top_k, hidden, v);
+  }
+}
+
+// the slot ids to sort, rounded up so that CUB's storage after them stays 256-byte aligned
+std::size_t slot_ids_bytes(int slots) { return (sizeof(int) * static_cast<std::size_t>(slots) + 255) / 256 * 256; }
+
+int blocks_for(long long n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+int bits_for(int experts) {
+  int bits = 1;
+  while ((1 << bits) < experts) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, std::uint64_t seed, float scale,
+                        std::uint64_t first_index) {
+  if (n == 0) return;
+  random_bf16_kernel<<<132 * 8, 256, 0, stream>>>(p, n, seed, scale, first_index);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_fill(cudaStream_t stream, int* p, int n, int value) {
+  if (n == 0) return;
+  fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(p, n, value);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_router(cudaStream_t stream, const float* logits, int tokens, int experts, int top_k, bool renormalize,
+                   std::int32_t* expert, float* weight, int* error_token) {
+  if (experts > kWarp * kMaxPerLane) throw_bad_input("the CUDA router handles at most 1024 experts");
+  if (tokens == 0) return;
+  constexpr int kWarpsPerBlock = 8;
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks_for(tokens, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, stream>>>(logits, tokens, experts, top_k,
+                                                                                      renormalize, expert, weight, error_token);
+  };
+  if (experts <= kWarp) {
+    launch(router_kernel<1>);
+  } else if (experts <= 2 * kWarp) {
+    launch(router_kernel<2>);
+  } else if (experts <= 4 * kWarp) {
+    launch(router_kernel<4>);
+  } else if (experts <= 8 * kWarp) {
+    launch(router_kernel<8>);
+  } else if (experts <= 16 * kWarp) {
+    launch(router_kernel<16>);
+  } else {
+    launch(router_kernel<kMaxPerLane>);
+  }
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+std::size_t layout_temp_bytes(int slots, int experts) {
+  std::size_t bytes = 0;
+  TILEMOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const std::int32_t*>(nullptr),
+                                                     static_cast<std::int32_t*>(nullptr), static_cast<const int*>(nullptr),
+                                                     static_cast<int*>(nullptr), slots, 0, bits_for(experts)));
+  return slot_ids_bytes(slots) + bytes;
+}
+
+void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, int experts, void* temp,
+                   std::size_t temp_bytes, std::int32_t* sorted_expert, int* row_offset, int* slot_of_row,
+                   int* row_of_slot) {
+  if (slots == 0) {
+    empty_offsets_kernel<<<blocks_for(experts + 1, 256), 256, 0, stream>>>(experts, row_offset);
+    TILEMOE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  // carve the scratch: the slot ids to sort, then CUB's own temporary storage
+  auto* slot_ids = static_cast<int*>(temp);
+  auto* cub_temp = static_cast<char*>(temp) + slot_ids_bytes(slots);
+  const std::size_t cub_bytes = temp_bytes - slot_ids_bytes(slots);
+  iota_kernel<<<blocks_for(slots, 256), 256, 0, stream>>>(slots, slot_ids);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+  std::size_t bytes = cub_bytes;
+  TILEMOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, expert, sorted_expert, slot_ids, slot_of_row, slots,
+                                                     0, bits_for(experts), stream));
+  offsets_kernel<<<blocks_for(slots, 256), 256, 0, stream>>>(sorted_expert, slots, experts, row_offset);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+  inverse_kernel<<<blocks_for(slots, 256), 256, 0, stream>>>(slot_of_row, slots, row_of_slot);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_permute(cudaStream_t stream, const __nv_bfloat16* x, int hidden, int top_k, const int* slot_of_row, int rows,
+                    __nv_bfloat16* rows_out) {
+  if (rows == 0) return;
+  permute_kernel<<<rows, 128, 0, stream>>>(reinterpret_cast<const uint4*>(x), hidden / 8, top_k, slot_of_row, rows,
+                                          reinterpret_cast<uint4*>(rows_out));
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_activation(cudaStream_t stream, const __nv_bfloat16* h, int rows, int ffn, bool gelu, __nv_bfloat16* act) {
+  if (rows == 0) return;
+  const long long groups = static_cast<long long>(rows) * ffn / 8;
+  activation_kernel<<<std::min(blocks_for(groups, 256), 132 * 16), 256, 0, stream>>>(h, rows, ffn, gelu, act);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_combine(cudaStream_t stream, const __nv_bfloat16* y, const float* weight, const int* row_of_slot, int tokens,
+                    int top_k, int hidden, __nv_bfloat16* out) {
+  if (tokens == 0) return;
+  combine_kernel<<<tokens, 128, 0, stream>>>(y, weight, row_of_slot, tokens, top_k, hidden, out);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace tilemoe::cuda

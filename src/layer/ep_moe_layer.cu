@@ -1,0 +1,685 @@
+#include "tilemoe/cuda/ep_moe_layer.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+#include "core/cuda/current_device.hpp"
+#include "comm/cuda/device_transport.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+#include "exec/cuda/ep_exchange.hpp"
+#include "expert_ffn.hpp"
+#include "layer_routing.hpp"
+#include "exec/cuda/gpu_rates.hpp"
+#include "kernels/moe_kernels.hpp"
+#include "exec/cuda/arrival_combine.hpp"
+#include "exec/cuda/band_consumer.hpp"
+#include "strategies/tile_signal/gpu_schedule.hpp"
+#include "strategies/sequential/exchange_setup.hpp"
+#include "strategies/tile_signal/gpu_setup.hpp"
+#include "tilemoe/cuda/module_loading.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::cuda {
+
+namespace {
+
+// Host memory the device copies to and from asynchronously; freed with the layer.
+template <typename T>
+class PinnedArray {
+ public:
+  explicit PinnedArray(std::size_t count) : count_(count) {
+    TILEMOE_CUDA_CHECK(cudaMallocHost(&data_, std::max<std::size_t>(count, 1) * sizeof(T)));
+  }
+  ~PinnedArray() { cudaFreeHost(data_); }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+  T* data() const { return data_; }
+  T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t count_ = 0;
+};
+
+}  // namespace
+
+const char* dispatch_path_name(DispatchPath path) { return path == DispatchPath::Device ? "device" : "host"; }
+
+const char* ep_stage_name(int stage) {
+  static const char* names[] = {"router", "layout", "permute", "dispatch", "gemm0", "activation", "gemm1", "combine send", "combine"};
+  return stage >= 0 && stage < kEpStageCount ? names[stage] : "?";
+}
+
+struct EpMoeLayer::Impl : LayerRouting {
+  MoeConfig config;
+  RankTransport* transport = nullptr;
+  EpMoeLayerOptions options;
+  int world = 1, rank = 0, local_experts = 0, device = 0, ctas_per_peer = 1;
+  EpRegionLayout layout;
+  cudaStream_t own = nullptr;  // the world's set-up stream: set-up and read-backs that must not wait for the peers' kernels
+  bool failed = false;
+  bool remote_peers = false;  // GIN peers: the rows sent live in the region (puts read the window)
+
+  // this rank's permuted rows and the FFN's output (the routing state is the base class)
+  DeviceArray<__nv_bfloat16> send_rows, y;
+  // the receive side's tables, written by the dispatch kernel (device path) or uploaded (host path)
+  DeviceArray<std::uint64_t> epoch;
+  DeviceArray<int> local_row_offset, block_offset, return_offset;
+  // host path
+  DeviceArray<int> gathered;          // [world][experts + 1]: every rank's row_offset
+  DeviceArray<int> block_tables;      // [2 directions][3][blocks]
+  DeviceArray<__nv_bfloat16> staging;  // rows in source-major order, as the all-to-alls move them
+  std::unique_ptr<PinnedArray<int>> host_gathered, host_tables;
+  std::unique_ptr<ExpertFfn> ffn;
+  // tile signal: GEMM1's band flags, the bands in remote-first order, the consumer's stream and
+  // the events that fork it off after GEMM0 and join it before the combine
+  DeviceArray<unsigned> band_flags;
+  DeviceArray<TileBand> bands;
+  DeviceArray<int> band_count;
+  DeviceArray<GemmTileEntry> table_scratch;
+  cudaStream_t consumer = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  int combine_ctas = 0;  // the owner's token-by-token combine: a persistent grid whose CTAs may all wait
+  TileSignalGpuSchedule schedule;  // tile_signal's split and GEMM1 order, as the strategy chose them
+  std::string split_note;          // how the split was chosen, for description()
+  EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
+  // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
+  DeviceArray<unsigned long long> tile_times, segment_times;
+
+  void init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o, EpMoeLayerHarness h);
+  void agree_on_settings(bool split_chosen_here);
+  void finish_init();
+  std::byte* region(std::size_t offset) const { return transport->device_view().region[rank] + offset; }
+  // The end of a step on `stream`, bounded by its device waits in a row (dispatch counts, rows,
+  // (tile_signal) tile flags, combine): a stalled step is a Timeout error, never a hang.
+  void wait_for_step(cudaStream_t stream) const {
+    transport->synchronize(stream, "the end of the step", options.strategy == Strategy::TileSignal ? 4 : 3);
+  }
+  // The set-up stream's copies and read-backs, bounded like any wait of the world.
+  void wait_for_own(const char* what) const { transport->synchronize(own, what); }
+  EpExchangeArgs exchange_args() const;
+  // what the experts produced: their FFN's output, or with identity experts their input rows
+  const std::byte* expert_out() const {
+    return ffn ? reinterpret_cast<const std::byte*>(ffn_out()) : region(layout.dispatch_rows);
+  }
+  __nv_bfloat16* ffn_out() const {
+    return remote_peers ? reinterpret_cast<__nv_bfloat16*>(region(layout.expert_out)) : y.data();
+  }
+  __nv_bfloat16* send_rows_ptr() const {
+    return remote_peers ? reinterpret_cast<__nv_bfloat16*>(region(layout.send_rows)) : send_rows.data();
+  }
+  void host_dispatch(cudaStream_t stream, int tokens);
+  void host_combine_send(cudaStream_t stream);
+  std::vector<std::size_t> send_offset, send_bytes, recv_offset, recv_bytes;  // host path, this step
+
+  ~Impl() {
+    if (fork) cudaEventDestroy(fork);
+    if (join) cudaEventDestroy(join);
+  }
+};
+
+std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options, bool remote_peers) {
+  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers, options.receive_rows)
+      .bytes;
+}
+
+void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o, EpMoeLayerHarness h) {
+  validate_cuda_layer(c);
+  if (o.strategy == Strategy::Comet) {
+    throw_bad_input("comet runs on the CPU engine only for now: use sequential, tile_signal or auto on the GPU");
+  }
+  config = c;
+  transport = &t;
+  options = o;
+  harness = h;
+  world = t.world_size();
+  rank = t.rank();
+  device = t.device();
+  if (c.num_experts % world != 0) {
+    throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
+  }
+  local_experts = static_cast<int>(c.num_experts / world);
+  remote_peers = t.device_view().gin_comm != nullptr;
+  if (remote_peers && h.identity_experts) throw_bad_input("identity experts (an exchange benchmark) need a load/store world");
+  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, o.receive_rows);
+  if (t.region_bytes() < layout.bytes) {
+    throw_bad_input("the world's symmetric regions hold " + std::to_string(t.region_bytes()) + " bytes; this layer needs " +
+                    std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes" + (remote_peers ? ", with remote peers)" : ")"));
+  }
+  if (layout.receive_capacity > INT_MAX / 2 || c.tokens * c.top_k > INT_MAX / 2) {
+    throw_bad_input("too many rows per rank for the exchange: " + std::to_string(layout.receive_capacity));
+  }
+  use_device(device);
+
+  const int sharing = t.ranks_sharing_sms();
+  if (t.ranks_per_device() > 1 && lazy_module_loading()) {
+    throw_bad_input("ranks sharing a GPU need CUDA_MODULE_LOADING=EAGER in the environment (before CUDA starts): with lazy "
+                    "loading a kernel's first launch can wait for the peers' kernels that wait for it");
+  }
+  ExchangeShape exchange_shape;
+  exchange_shape.world = world;
+  exchange_shape.sm_count = t.sm_count();
+  exchange_shape.sharing = sharing;
+  exchange_shape.resident_ctas_per_sm = ep_exchange_ctas_per_sm(world, static_cast<int>(c.num_experts));
+  ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, o.exchange_ctas_per_peer);
+
+  own = t.stream(RankStream::Setup);
+  const std::int64_t E = c.num_experts, H = c.hidden;
+  const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
+  const std::size_t slot_room = std::max<std::size_t>(slots, 1);
+  allocate(c);
+  if (!remote_peers) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
+  const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
+  epoch = DeviceArray<std::uint64_t>(1);
+  local_row_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts + 1));
+  block_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts * world + 1));
+  return_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts * world));
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(epoch.data(), 0, sizeof(std::uint64_t), own));
+  // zero rows until the first dispatch writes real tables
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(local_row_offset.data(), 0, local_row_offset.count() * sizeof(int), own));
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(block_offset.data(), 0, block_offset.count() * sizeof(int), own));
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(return_offset.data(), 0, return_offset.count() * sizeof(int), own));
+  if (o.dispatch == DispatchPath::Host) {
+    gathered = DeviceArray<int>(static_cast<std::size_t>(world * (E + 1)));
+    block_tables = DeviceArray<int>(static_cast<std::size_t>(2 * 3 * E));
+    staging = DeviceArray<__nv_bfloat16>(std::max(receive_room, slot_room) * static_cast<std::size_t>(H));
+    host_gathered = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(world * (E + 1)));
+    host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
+  }
+  if (h.identity_experts) {
+    if (o.strategy == Strategy::TileSignal) throw_bad_input("identity experts run the sequential strategy only");
+    options.strategy = Strategy::Sequential;
+    agree_on_settings(false);
+    return;
+  }
+  if (!remote_peers) y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
+  const double rows_per_expert = static_cast<double>(world) * static_cast<double>(slots) / static_cast<double>(E);
+  ExpertFfnOptions ffn_options;
+  // tile_signal needs the device dispatch, the planned GEMM's flags and load/store peers; auto
+  // runs sequential where those are missing
+  const bool can_overlap = o.dispatch == DispatchPath::Device && o.gemm == GemmPath::Planned && !remote_peers;
+  TileSignalGpuShape shape;
+  shape.tokens = c.tokens;
+  shape.top_k = c.top_k;
+  shape.hidden = c.hidden;
+  shape.ffn_hidden = c.ffn_hidden;
+  shape.world = world;
+  shape.sm_count = t.sm_count();
+  shape.sharing = sharing;
+  shape.resident_exchange_ctas = exchange_shape.resident_ctas_per_sm * t.sm_count();
+  shape.link_bytes_per_s = t.link_bytes_per_s();
+  bool split_chosen_here = false;
+  if (o.strategy == Strategy::Auto && !can_overlap) {
+    options.strategy = Strategy::Sequential;
+    split_note = remote_peers ? "auto: sequential (peers on other nodes)" : "auto: sequential (this path cannot overlap)";
+  } else if (o.strategy == Strategy::Auto || o.strategy == Strategy::TileSignal) {
+    const int dev = device;
+    const TileSignalSplit split = choose_tile_signal_split(shape, o.tile_signal, o.strategy == Strategy::Auto,
+                                                           [dev]() -> const GpuRates& { return gpu_rates(dev); });
+    options.strategy = split.overlap ? Strategy::TileSignal : Strategy::Sequential;
+    options.tile_signal.consumer_ctas = split.consumer_ctas;
+    split_note = split.note;
+    split_chosen_here = split.chosen_by_model;
+  }
+  agree_on_settings(split_chosen_here);
+  if (options.strategy == Strategy::TileSignal) {
+    if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
+      throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
+    }
+    if (remote_peers) throw_bad_input("tile_signal does not reach GIN peers (other nodes) yet: use the sequential strategy");
+    schedule = tile_signal_gpu_schedule(shape, options.tile_signal, options.tile_signal.consumer_ctas);
+    ffn_options.gemm1_sm_limit = schedule.gemm1_sm_limit;
+    ffn_options.gemm1_band_flags = true;
+    ffn_options.gemm1_band_block = schedule.band_block;
+    const std::int64_t band_room = max_bands(layout.receive_capacity, local_experts);
+    band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
+    bands = DeviceArray<TileBand>(static_cast<std::size_t>(band_room));
+    band_count = DeviceArray<int>(1);
+    TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
+    consumer = t.stream(RankStream::Consumer);  // high priority
+    // ranks sharing SMs: the grid of the combine send it replaces, which fits beside every
+    // sharing rank's waiting exchange kernels; otherwise the rank's SMs full (the combine is
+    // memory-bound, and its waits are for consumers already resident)
+    combine_ctas = sharing > 1 ? ctas_per_peer * world : arrival_combine_ctas_per_sm() * t.sm_count();
+    TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  }
+  ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
+                                    layout.receive_capacity, rows_per_expert, o.gemm, device, ffn_options);
+  if (options.strategy == Strategy::TileSignal) {
+    table_scratch = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
+  }
+  if (o.record_trace) {
+    if (o.gemm != GemmPath::Planned) throw_bad_input("device traces need the planned GEMM (its tile times)");
+    tile_times = DeviceArray<unsigned long long>(2 * static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
+    if (options.strategy == Strategy::TileSignal) segment_times = DeviceArray<unsigned long long>(3 * bands.count());
+  }
+}
+
+// Every rank must run the same exchange: the arrival targets count the peers' CTAs as this
+// rank's, and the region offsets follow from the shape. A split the cost model chose is rank
+// 0's (processes calibrate their own GPUs and could pick differently at a boundary); the rest
+// must match, or every rank refuses with the same message.
+void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
+  enum : std::size_t { kCtasPerPeer, kConsumerCtas, kStrategy, kChosen, kCapacity, kTokens, kHidden, kTopK, kExperts, kCount };
+  int mine[kCount] = {};
+  mine[kCtasPerPeer] = ctas_per_peer;
+  mine[kConsumerCtas] = options.tile_signal.consumer_ctas;
+  mine[kStrategy] = static_cast<int>(options.strategy);
+  mine[kChosen] = split_chosen_here ? 1 : 0;
+  mine[kCapacity] = static_cast<int>(layout.receive_capacity);
+  mine[kTokens] = static_cast<int>(config.tokens);
+  mine[kHidden] = static_cast<int>(config.hidden);
+  mine[kTopK] = static_cast<int>(config.top_k);
+  mine[kExperts] = static_cast<int>(config.num_experts);
+  std::vector<int> all(kCount * static_cast<std::size_t>(world));
+  {  // freed before any peer waits on this rank's kernels: cudaFree waits for the whole device
+    DeviceArray<int> sent(kCount), gathered(all.size());
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(sent.data(), mine, sizeof mine, cudaMemcpyHostToDevice, own));  // ordered with the gather
+    transport->host_exchange().all_gather(own, sent.data(), static_cast<int>(kCount), gathered.data());
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(all.data(), gathered.data(), all.size() * sizeof(int), cudaMemcpyDeviceToHost, own));
+    transport->synchronize(own, "the ranks' exchange settings");
+  }
+  auto of = [&](int q, std::size_t field) { return all[static_cast<std::size_t>(q) * kCount + field]; };
+  if (of(0, kChosen) != mine[kChosen]) {
+    throw_bad_input("rank 0 and rank " + std::to_string(rank) + " disagree on whether the cost model picks the SM split: " +
+                    "give every rank the same strategy and consumer_ctas");
+  }
+  if (split_chosen_here && rank != 0) {
+    options.strategy = static_cast<Strategy>(of(0, kStrategy));
+    options.tile_signal.consumer_ctas = of(0, kConsumerCtas);
+    if (of(0, kStrategy) != mine[kStrategy] || of(0, kConsumerCtas) != mine[kConsumerCtas]) split_note += "; rank 0's pick";
+    mine[kStrategy] = of(0, kStrategy);
+    mine[kConsumerCtas] = of(0, kConsumerCtas);
+  }
+  static const char* const names[kCount] = {"exchange CTAs per peer", "consumer CTAs", "strategy", "", "receive rows",
+                                            "tokens", "hidden", "top-k", "experts"};
+  for (int q = 0; q < world; ++q) {
+    for (std::size_t f = 0; f < kCount; ++f) {
+      if (f == kChosen) continue;
+      const int theirs = (split_chosen_here && (f == kStrategy || f == kConsumerCtas)) ? of(0, f) : of(q, f);
+      if (theirs != mine[f]) {
+        throw_bad_input("rank " + std::to_string(q) + " runs " + std::to_string(theirs) + " " + names[f] + ", rank " +
+                        std::to_string(rank) + " " + std::to_string(mine[f]) +
+                        ": every rank needs the same layer shape and exchange settings (set exchange_ctas_per_peer, "
+                        "consumer_ctas and receive_rows explicitly where GPUs differ)");
+      }
+    }
+  }
+}
+
+// This rank's region starts from a clean slate (flags at 0, no failure), then the world meets:
+// nobody writes into a peer's region before that peer has cleared it.
+void EpMoeLayer::Impl::finish_init() {
+  TILEMOE_CUDA_CHECK(cudaMemsetAsync(region(0), 0, layout.dispatch_rows, own));
+  if (remote_peers) launch_reset_gin_signals(own, transport->device_view());  // a previous layer's counts
+  wait_for_own("clearing the rank's region");
+  transport->host_barrier();
+}
+
+EpMoeLayer::EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, RankTransport& transport, EpMoeLayerOptions options,
+                       EpMoeLayerHarness harness)
+    : impl_(std::make_unique<Impl>()) {
+  if (weights.hidden != layer.hidden || weights.ffn_hidden != layer.ffn_hidden || weights.num_experts != layer.num_experts ||
+      weights.activation != layer.activation) {
+    throw_bad_input("the expert weights do not match the layer config");
+  }
+  impl_->init(layer, transport, options, harness);
+  if (impl_->ffn) impl_->ffn->upload(weights);
+  impl_->finish_init();
+}
+
+EpMoeLayer::EpMoeLayer(const MoeConfig& layer, RandomDeviceWeights weights, RankTransport& transport, EpMoeLayerOptions options,
+                       EpMoeLayerHarness harness)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->init(layer, transport, options, harness);
+  if (impl_->ffn) impl_->ffn->draw(weights.seed);
+  impl_->finish_init();
+}
+
+EpMoeLayer::~EpMoeLayer() = default;
+
+const MoeConfig& EpMoeLayer::config() const { return impl_->config; }
+int EpMoeLayer::exchange_ctas_per_peer() const { return impl_->ctas_per_peer; }
+Strategy EpMoeLayer::strategy() const { return impl_->options.strategy; }
+int EpMoeLayer::consumer_ctas() const {
+  return impl_->options.strategy == Strategy::TileSignal ? impl_->schedule.consumer_ctas : 0;
+}
+
+std::string EpMoeLayer::description() const {
+  const Impl& m = *impl_;
+  std::string text = std::string(strategy_name(m.options.strategy)) + ", " + dispatch_path_name(m.options.dispatch) + " dispatch";
+  if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
+  if (m.options.strategy == Strategy::TileSignal) {
+    const bool unblocked = static_cast<std::size_t>(m.schedule.band_block) >= m.bands.count();  // no expert has that many bands
+    text += ", consumer " + std::to_string(m.schedule.consumer_ctas) + " CTAs x " + std::to_string(m.schedule.bands_per_segment) +
+            " band(s), GEMM1 " +
+            (unblocked ? std::string("in the sequential tile order") : "in blocks of " + std::to_string(m.schedule.band_block) + " bands") +
+            ", tokens combined as they land (" + std::to_string(m.combine_ctas) + " CTAs)";
+  }
+  if (!m.split_note.empty()) text += " (" + m.split_note + ")";
+  return text + ", " + (m.ffn ? m.ffn->description() : std::string("identity experts"));
+}
+
+EpExchangeArgs EpMoeLayer::Impl::exchange_args() const {
+  EpExchangeArgs a;
+  a.layout = layout;
+  a.tables = {epoch.data(), local_row_offset.data(), block_offset.data(), return_offset.data()};
+  a.experts = static_cast<int>(config.num_experts);
+  a.local_experts = local_experts;
+  a.hidden = static_cast<int>(config.hidden);
+  a.ctas_per_peer = ctas_per_peer;
+  a.row_offset = row_offset.data();
+  a.send_rows = reinterpret_cast<const std::byte*>(send_rows_ptr());
+  a.expert_out = expert_out();
+  a.silent = harness.silent;
+  return a;
+}
+
+// The host path's dispatch: every rank's counts to the host, then one all-to-all of known
+// sizes into source-major staging, then the (expert, source) blocks reordered into the same
+// rows the device path writes.
+void EpMoeLayer::Impl::host_dispatch(cudaStream_t stream, int /*tokens*/) {
+  const int N = world, E = static_cast<int>(config.num_experts), L = local_experts, me = rank;
+  const std::size_t row_bytes = static_cast<std::size_t>(config.hidden) * 2;
+  HostExchange& exchange = transport->host_exchange();
+  exchange.all_gather(stream, row_offset.data(), E + 1, gathered.data());
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(host_gathered->data(), gathered.data(), static_cast<std::size_t>(N * (E + 1)) * sizeof(int),
+                                     cudaMemcpyDeviceToHost, stream));
+  transport->synchronize(stream, "the gathered dispatch counts");  // the host sync on counts that defines this path
+  const PinnedArray<int>& g = *host_gathered;
+  auto offset_of = [&](int q, int x) { return g[static_cast<std::size_t>(q * (E + 1) + x)]; };
+  auto count_of = [&](int q, int x) { return offset_of(q, x + 1) - offset_of(q, x); };
+  send_offset.assign(static_cast<std::size_t>(N), 0);
+  send_bytes.assign(static_cast<std::size_t>(N), 0);
+  recv_offset.assign(static_cast<std::size_t>(N), 0);
+  recv_bytes.assign(static_cast<std::size_t>(N), 0);
+  std::size_t received = 0;
+  for (int p = 0; p < N; ++p) {
+    const auto pi = static_cast<std::size_t>(p);
+    send_offset[pi] = static_cast<std::size_t>(offset_of(me, p * L)) * row_bytes;
+    send_bytes[pi] = static_cast<std::size_t>(offset_of(me, (p + 1) * L) - offset_of(me, p * L)) * row_bytes;
+    const int rows = offset_of(p, (me + 1) * L) - offset_of(p, me * L);
+    recv_offset[pi] = received * row_bytes;
+    recv_bytes[pi] = static_cast<std::size_t>(rows) * row_bytes;
+    received += static_cast<std::size_t>(rows);
+  }
+  // every rank checks every destination on the same gathered counts: all refuse together,
+  // before any row moves
+  for (int p = 0; p < N; ++p) {
+    std::int64_t rows = 0;
+    for (int q = 0; q < N; ++q) rows += offset_of(q, (p + 1) * L) - offset_of(q, p * L);
+    if (rows > layout.receive_capacity) {
+      comm::WaitFailure f;
+      f.state = static_cast<std::uint32_t>(comm::WaitState::CapacityExceeded);
+      f.rank = me;
+      f.peer = p;
+      f.expected = static_cast<std::uint64_t>(layout.receive_capacity);
+      f.seen = static_cast<std::uint64_t>(rows);
+      throw_bad_input(comm::describe(f));
+    }
+  }
+  // tables: [0] staging -> dispatch rows, [1] the way back; block b = le * N + q in both
+  int* t = host_tables->data();
+  const int blocks = L * N;
+  int* forward_src = t;
+  int* forward_dst = t + blocks;
+  int* rows = t + 2 * blocks;
+  int* local_offsets = t + 6 * blocks;
+  int dst = 0;
+  for (int le = 0; le < L; ++le) {
+    local_offsets[le] = dst;
+    for (int q = 0; q < N; ++q) {
+      const int b = le * N + q;
+      int src = static_cast<int>(recv_offset[static_cast<std::size_t>(q)] / row_bytes);
+      for (int l = 0; l < le; ++l) src += count_of(q, me * L + l);
+      forward_src[b] = src;
+      forward_dst[b] = dst;
+      rows[b] = count_of(q, me * L + le);
+      dst += rows[b];
+    }
+  }
+  local_offsets[L] = dst;
+  std::copy(forward_dst, forward_dst + blocks, t + 3 * blocks);  // back: dispatch rows -> staging
+  std::copy(forward_src, forward_src + blocks, t + 4 * blocks);
+  std::copy(rows, rows + blocks, t + 5 * blocks);
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(block_tables.data(), t, static_cast<std::size_t>(6 * blocks) * sizeof(int),
+                                     cudaMemcpyHostToDevice, stream));
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(local_row_offset.data(), local_offsets, static_cast<std::size_t>(L + 1) * sizeof(int),
+                                     cudaMemcpyHostToDevice, stream));
+  exchange.all_to_all(stream, send_rows_ptr(), send_offset, send_bytes, staging.data(), recv_offset, recv_bytes);
+  launch_copy_row_blocks(stream, reinterpret_cast<const std::byte*>(staging.data()), region(layout.dispatch_rows),
+                         static_cast<int>(row_bytes), block_tables.data(), blocks);
+}
+
+void EpMoeLayer::Impl::host_combine_send(cudaStream_t stream) {
+  const int blocks = local_experts * world;
+  launch_copy_row_blocks(stream, expert_out(), reinterpret_cast<std::byte*>(staging.data()),
+                         static_cast<int>(config.hidden) * 2, block_tables.data() + 3 * blocks, blocks);
+  // the way back: what came from q returns to q, at the place its own permuted order keeps it
+  transport->host_exchange().all_to_all(stream, staging.data(), recv_offset, recv_bytes, region(layout.returned_rows),
+                                        send_offset, send_bytes);
+}
+
+void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits, __nv_bfloat16* output,
+                         std::int64_t tokens, const EpStageEvents* events) {
+  Impl& m = *impl_;
+  const MoeConfig& c = m.config;
+  if (m.failed) throw_bad_input("rank " + std::to_string(m.rank) + ": a previous step of this layer failed; build a new world");
+  if (tokens < 0 || tokens > c.tokens) {
+    throw_bad_input("forward of " + std::to_string(tokens) + " tokens on a layer sized for " + std::to_string(c.tokens));
+  }
+  for (const void* p : {static_cast<const void*>(input), static_cast<const void*>(output)}) {
+    if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
+  }
+  use_device(m.device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TILEMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone && m.options.dispatch == DispatchPath::Host) {
+    throw_bad_input("the host dispatch path synchronises with the host and cannot be captured in a CUDA graph");
+  }
+  // ranks sharing a GPU run on their world's streams only (RankStream says why)
+  if (m.transport->ranks_per_device() > 1 && stream != m.transport->stream(RankStream::Main)) {
+    throw_bad_input("ranks sharing a GPU run their steps on the world's stream: pass RankTransport::stream(RankStream::Main) "
+                    "(another stream can share a hardware queue with a peer's waiting kernel and stall both)");
+  }
+
+  const int T = static_cast<int>(tokens), k = static_cast<int>(c.top_k);
+  const int H = static_cast<int>(c.hidden), slots = T * k;
+  auto mark = [&](int stage) {
+    if (events) TILEMOE_CUDA_CHECK(cudaEventRecord(events->boundary[stage], stream));
+  };
+  try {
+    mark(kEpRouter);
+    m.launch_router(stream, router_logits, T, c);
+    mark(kEpLayout);
+    m.launch_layout(stream, T, c);
+    mark(kEpPermute);
+    launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.send_rows_ptr());
+    mark(kEpDispatch);
+    const EpExchangeArgs args = m.exchange_args();
+    const DeviceTransport& view = m.transport->device_view();
+    if (m.options.dispatch == DispatchPath::Device) {
+      launch_ep_begin_step(stream, m.epoch.data());
+      launch_ep_dispatch(stream, view, args);
+    } else {
+      m.host_dispatch(stream, T);
+    }
+    const bool overlap = m.options.strategy == Strategy::TileSignal;
+    if (m.ffn) {
+      m.ffn->build_tables(stream, m.local_row_offset.data());
+      if (overlap) {  // GEMM1 remote bands first, and the consumer's segments in the same order
+        const int N = m.world, L = m.local_experts;
+        launch_order_remote_first(stream, m.ffn->gemm1_table(), m.ffn->gemm1_count(), m.ffn->gemm1_cluster_size(),
+                                  m.block_offset.data(), L, N, m.rank, m.table_scratch.data());
+        launch_build_bands(stream, m.local_row_offset.data(), m.block_offset.data(), L, N, m.rank, m.bands.data(),
+                           static_cast<int>(m.bands.count()), m.band_count.data());
+      }
+      const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
+      const std::int64_t bound = m.layout.receive_capacity;
+      mark(kEpGemm0);
+      m.ffn->run_gemm0(stream, m.local_row_offset.data(), rows, bound);
+      mark(kEpActivation);
+      m.ffn->run_activation(stream, bound);
+      mark(kEpGemm1);
+      if (overlap) {  // the consumer starts with GEMM1, on its own stream
+        // last step's consumer was joined before its combine, so nobody reads these now
+        TILEMOE_CUDA_CHECK(cudaMemsetAsync(m.band_flags.data(), 0, m.band_flags.count() * sizeof(unsigned), stream));
+        TILEMOE_CUDA_CHECK(cudaEventRecord(m.fork, stream));
+        TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
+        BandConsumerArgs ts;
+        ts.exchange = args;
+        ts.bands = m.bands.data();
+        ts.band_count = m.band_count.data();
+        ts.flags = m.band_flags.data();
+        ts.tiles_per_band = static_cast<unsigned>((c.hidden + kPlannedTileN - 1) / kPlannedTileN);
+        ts.ctas = m.schedule.consumer_ctas;
+        ts.bands_per_segment = m.schedule.bands_per_segment;
+        ts.segment_times = m.segment_times.data();
+        launch_band_consumer(m.consumer, view, ts);
+        TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
+      }
+      m.ffn->run_gemm1(stream, m.local_row_offset.data(), bound, m.ffn_out(), overlap ? m.band_flags.data() : nullptr,
+                       m.tile_times.data());
+    } else {
+      for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
+    }
+    mark(kEpCombineSend);
+    if (overlap) {  // the consumers ship the rows; each token is combined once its rows are in
+      mark(kEpCombine);
+      ArrivalCombineArgs combine;
+      combine.epoch = m.epoch.data();
+      combine.returned_rows = m.layout.returned_rows;
+      combine.row_arrivals = m.layout.row_arrivals;
+      combine.expert = m.expert.data();
+      combine.weight = m.weight.data();
+      combine.row_of_slot = m.row_of_slot.data();
+      combine.tokens = T;
+      combine.top_k = k;
+      combine.hidden = H;
+      combine.local_experts = m.local_experts;
+      combine.ctas = m.combine_ctas;
+      combine.output = output;
+      launch_arrival_combine(stream, view, combine);
+      // the step ends with its consumer: the next step's GEMM1 resets the flags it reads
+      TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
+    } else {
+      if (m.options.dispatch == DispatchPath::Device) {
+        launch_ep_combine_send(stream, view, args);
+      } else {
+        m.host_combine_send(stream);
+      }
+      mark(kEpCombine);
+      launch_combine(stream, reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows)), m.weight.data(),
+                     m.row_of_slot.data(), T, k, H, output);
+    }
+    mark(kEpStageCount);
+  } catch (...) {
+    m.failed = true;
+    throw;
+  }
+}
+
+void EpMoeLayer::check(cudaStream_t stream) {
+  Impl& m = *impl_;
+  use_device(m.device);
+  try {
+    m.wait_for_step(stream);
+    m.transport->throw_if_failed();
+  } catch (...) {
+    m.failed = true;
+    throw;
+  }
+  int bad = INT_MAX;
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&bad, m.error_token.data(), sizeof bad, cudaMemcpyDeviceToHost, m.own));
+  m.wait_for_own("the step's error word");
+  if (bad != INT_MAX) {
+    throw_bad_input("rank " + std::to_string(m.rank) + ", token " + std::to_string(bad) +
+                    ": a router logit is NaN or infinite; the router produced invalid values");
+  }
+}
+
+std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
+  const Impl& m = *impl_;
+  if (!m.options.record_trace) throw_bad_input("last_trace needs EpMoeLayerOptions::record_trace");
+  m.wait_for_step(stream);
+  const int N = m.world, L = m.local_experts;
+  auto fetch = [&](auto* dst, const auto* src, std::size_t count) {
+    if (count > 0) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(*dst), cudaMemcpyDeviceToHost, m.own));
+  };
+  int entries = 0;
+  fetch(&entries, m.ffn->gemm1_count(), 1);
+  std::vector<int> block(static_cast<std::size_t>(L * N + 1));
+  fetch(block.data(), m.block_offset.data(), block.size());
+  m.wait_for_own("the last step's tables");
+  entries = std::max(entries, 0);
+  std::vector<GemmTileEntry> table(static_cast<std::size_t>(entries));
+  std::vector<unsigned long long> tiles(2 * table.size());
+  fetch(table.data(), m.ffn->gemm1_table(), table.size());
+  fetch(tiles.data(), m.tile_times.data(), tiles.size());
+  int band_total = 0;
+  if (m.options.strategy == Strategy::TileSignal) fetch(&band_total, m.band_count.data(), 1);
+  m.wait_for_own("the last step's tables");
+  auto remote = [&](int le, int lo, int hi) { return holds_remote_rows(block.data(), le, N, m.rank, lo, hi); };
+  std::vector<DeviceSpan> spans;
+  const int clusters = std::max(m.ffn->gemm1_grid_ctas() / 2, 1);
+  for (int i = 0; i < entries; ++i) {
+    const GemmTileEntry& e = table[static_cast<std::size_t>(i)];
+    if (e.rows == 0) continue;
+    DeviceSpan s;
+    s.rank = m.rank;
+    s.track = "GEMM1 tiles";
+    s.lane = ((i / 2) % clusters) * 2 + i % 2;  // cluster c runs items c, c + C, ...; mates side by side
+    s.label = "expert " + std::to_string(m.rank * L + e.group) + " rows " + std::to_string(e.row_begin) + "+" + std::to_string(e.rows) +
+              " cols " + std::to_string(e.col_tile * kPlannedTileN);
+    s.start_ns = tiles[2 * static_cast<std::size_t>(i)];
+    s.end_ns = tiles[2 * static_cast<std::size_t>(i) + 1];
+    s.remote = remote(e.group, e.row_begin, e.row_begin + e.rows);
+    spans.push_back(std::move(s));
+  }
+  if (band_total > 0) {
+    std::vector<TileBand> bands(static_cast<std::size_t>(band_total));
+    const int per = m.schedule.bands_per_segment, segments = (band_total + per - 1) / per;
+    std::vector<unsigned long long> times(3 * static_cast<std::size_t>(segments));
+    fetch(bands.data(), m.bands.data(), bands.size());
+    fetch(times.data(), m.segment_times.data(), times.size());
+    m.wait_for_own("the last step's tables");
+    for (int sgm = 0; sgm < segments; ++sgm) {
+      DeviceSpan s;
+      s.rank = m.rank;
+      s.track = "consumer";
+      s.lane = sgm % m.schedule.consumer_ctas;
+      int rows = 0;
+      for (int b = sgm * per; b < std::min(band_total, (sgm + 1) * per); ++b) {
+        rows += bands[static_cast<std::size_t>(b)].rows;
+        s.remote = s.remote || bands[static_cast<std::size_t>(b)].remote != 0;
+      }
+      s.label = "segment " + std::to_string(sgm) + ": " + std::to_string(rows) + " rows";
+      s.start_ns = times[3 * static_cast<std::size_t>(sgm) + 1];  // from its flags' readiness to its rows shipped
+      s.end_ns = times[3 * static_cast<std::size_t>(sgm) + 2];
+      spans.push_back(std::move(s));
+    }
+  }
+  return spans;
+}
+
+Routing EpMoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
+  const Impl& m = *impl_;
+  m.wait_for_step(stream);
+  Routing r;
+  r.tokens = tokens;
+  r.top_k = m.config.top_k;
+  r.expert.resize(static_cast<std::size_t>(tokens * r.top_k));
+  r.weight.resize(r.expert.size());
+  r.kept.assign(r.expert.size(), 1);
+  if (!r.expert.empty()) {
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(r.expert.data(), m.expert.data(), r.expert.size() * 4, cudaMemcpyDeviceToHost, m.own));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(r.weight.data(), m.weight.data(), r.weight.size() * 4, cudaMemcpyDeviceToHost, m.own));
+    m.wait_for_own("the last step's tables");
+  }
+  return r;
+}
+
+}  // namespace tilemoe::cuda

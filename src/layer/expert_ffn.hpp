@@ -1,0 +1,81 @@
+#pragma once
+// The expert feed-forward of one GPU's experts on rows already grouped by expert:
+// y = (act(rows W0^T)) W2^T per group, through the planned GEMM (activation fused into GEMM0)
+// or CUTLASS's stock grouped kernels plus a separate activation (the baseline). Shared by the
+// one-GPU layer and the expert-parallel layer, which differ only in where the rows come from.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tilemoe/cuda/device_array.hpp"
+#include "kernels/gemm/planned/planned_gemm.hpp"
+#include "tilemoe/config.hpp"
+#include "tilemoe/cuda/moe_layer.hpp"
+#include "strategies/sequential/exchange_setup.hpp"
+#include "tilemoe/weights.hpp"
+
+namespace tilemoe::cuda {
+
+// The FFN's schedule as the strategy chose it (planned path only).
+struct ExpertFfnOptions {
+  int gemm0_band_block = kGemm0BandBlock;  // > 0: GEMM0's table in blocks of this many bands
+  int gemm1_sm_limit = 0;         // > 0: GEMM1 leaves the other SMs to a concurrent consumer
+  bool gemm1_band_flags = false;  // GEMM1's tiles raise one flag per row band (TileFlags::PerBand)
+  int gemm1_band_block = 0;       // > 0: GEMM1's table in blocks of this many bands (build_tile_table)
+};
+
+class ExpertFfn {
+ public:
+  // `experts` experts of `layer`'s shape, the first being global expert `first_expert`, for at
+  // most `max_rows` rows per run. `rows_per_expert` is the expected load, which picks the
+  // stock kernels' configuration (the planned path always runs on 1x2 clusters).
+  ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int64_t experts, std::int64_t max_rows,
+            double rows_per_expert, GemmPath path, int device, ExpertFfnOptions options = {});
+  ~ExpertFfn();
+  ExpertFfn(const ExpertFfn&) = delete;
+  ExpertFfn& operator=(const ExpertFfn&) = delete;
+
+  // Weights of global experts [first_expert, first_expert + experts) from the host, or drawn
+  // on the device from a counter hash of the global index, so that the experts of every rank
+  // of a world together equal one layer's drawn with the same seed.
+  void upload(const ExpertWeights& weights);
+  void draw(std::uint64_t seed);
+
+  // Enqueues, for the current row_offset (device, [experts + 1]): on the planned path the tile
+  // tables (call in the layout stage, as soon as row_offset is known), then the GEMMs.
+  void build_tables(cudaStream_t stream, const int* row_offset);
+  // rows [rows_bound][hidden] -> y [rows_bound][hidden], where rows_bound <= max_rows bounds
+  // row_offset[experts] (known on the host: tokens * top_k on one GPU, the receive capacity
+  // with expert parallelism), in three stages enqueued in this order (build_tables before
+  // them); a caller records its stage events, or starts concurrent work, between them.
+  // GEMM0, with the activation fused on the planned path:
+  void run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound);
+  // The activation: a kernel of its own on the stock path, nothing on the planned path.
+  void run_activation(cudaStream_t stream, std::int64_t rows_bound);
+  // GEMM1 into y. `gemm1_flags` (device, one per band) receives its band flags when the FFN was
+  // made with gemm1_band_flags; `gemm1_tile_times` (device, 2 per table entry) its tile start
+  // and flag times (planned path).
+  void run_gemm1(cudaStream_t stream, const int* row_offset, std::int64_t rows_bound, __nv_bfloat16* y,
+                 unsigned* gemm1_flags = nullptr, unsigned long long* gemm1_tile_times = nullptr);
+
+  // GEMM1's tile table as build_tables wrote it (planned path), for a strategy to reorder.
+  GemmTileEntry* gemm1_table();
+  const int* gemm1_count() const;
+  int gemm1_capacity() const;
+  int gemm1_cluster_size() const { return 2; }
+  int gemm1_grid_ctas() const;  // the persistent GEMM1's CTAs (cluster c takes items c, c + C, ...)
+
+  const __nv_bfloat16* weights0() const { return w0_.data(); }  // [experts][gemm0_n][hidden]
+  const __nv_bfloat16* weights2() const { return w2_.data(); }  // [experts][hidden][ffn]
+  std::string description() const;  // "planned c1x2" / "stock coop128x256_c1x2"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  DeviceArray<__nv_bfloat16> w0_, w2_;
+};
+
+}  // namespace tilemoe::cuda

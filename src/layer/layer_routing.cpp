@@ -1,0 +1,43 @@
+#include "layer_routing.hpp"
+
+#include <algorithm>
+#include <climits>
+
+#include "kernels/moe_kernels.hpp"
+#include "tilemoe/error.hpp"
+
+namespace tilemoe::cuda {
+
+void validate_cuda_layer(const MoeConfig& c) {
+  validate(c);
+  if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
+  if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
+  if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
+}
+
+void LayerRouting::allocate(const MoeConfig& c) {
+  const auto slot_room = std::max<std::size_t>(static_cast<std::size_t>(c.tokens * c.top_k), 1);
+  expert = DeviceArray<std::int32_t>(slot_room);
+  sorted_expert = DeviceArray<std::int32_t>(slot_room);
+  weight = DeviceArray<float>(slot_room);
+  row_offset = DeviceArray<int>(static_cast<std::size_t>(c.num_experts + 1));
+  slot_of_row = DeviceArray<int>(slot_room);
+  row_of_slot = DeviceArray<int>(slot_room);
+  error_token = DeviceArray<int>(1);
+  layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts));
+  layout_temp = DeviceArray<char>(layout_temp_bytes);
+}
+
+void LayerRouting::launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& c) {
+  launch_fill(stream, error_token.data(), 1, INT_MAX);
+  tilemoe::cuda::launch_router(stream, logits, tokens, static_cast<int>(c.num_experts), static_cast<int>(c.top_k), c.renormalize,
+                               expert.data(), weight.data(), error_token.data());
+}
+
+void LayerRouting::launch_layout(cudaStream_t stream, int tokens, const MoeConfig& c) {
+  tilemoe::cuda::launch_layout(stream, expert.data(), tokens * static_cast<int>(c.top_k), static_cast<int>(c.num_experts),
+                               layout_temp.data(), layout_temp_bytes, sorted_expert.data(), row_offset.data(), slot_of_row.data(),
+                               row_of_slot.data());
+}
+
+}  // namespace tilemoe::cuda

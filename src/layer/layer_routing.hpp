@@ -1,0 +1,35 @@
+#pragma once
+// What a layer keeps on the device of its tokens' routing: the router's choices, the layout
+// (per-expert offsets, the permutation both ways) and the error word, sized once for the most
+// tokens a step may have. Shared by the one-GPU and the expert-parallel layer, as are the CUDA
+// backend's limits on a layer.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "tilemoe/cuda/device_array.hpp"
+#include "tilemoe/config.hpp"
+
+namespace tilemoe::cuda {
+
+// Bad input for what the CUDA backend does not do: fp32 storage, a capacity factor, > 1024 experts.
+void validate_cuda_layer(const MoeConfig& config);
+
+struct LayerRouting {
+  DeviceArray<std::int32_t> expert, sorted_expert;
+  DeviceArray<float> weight;
+  DeviceArray<int> row_offset, slot_of_row, row_of_slot, error_token;
+  DeviceArray<char> layout_temp;
+  std::size_t layout_temp_bytes = 0;
+
+  // For config.tokens tokens of config.top_k slots and config.num_experts experts.
+  void allocate(const MoeConfig& config);
+
+  // One step of `tokens` tokens: the router (softmax, top-k, the NaN/Inf check into
+  // error_token), then the layout (counts, offsets, permutation). Separate, for stage events.
+  void launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& config);
+  void launch_layout(cudaStream_t stream, int tokens, const MoeConfig& config);
+};
+
+}  // namespace tilemoe::cuda
