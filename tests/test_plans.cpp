@@ -48,58 +48,61 @@ TEST(Plans, CompiledPlansPassTheCheckerOverASweep) {
   }
 }
 
-TEST(Plans, TileSignalTilesHaveOneOwnerAndRemoteTilesComeFirst) {
-  const EpWorld world = make_world({37, 23, 0, 41}, 32, 32, 8, 3);
+TEST(Plans, TileSignalShipsBandsRemoteFirstWithoutPadding) {
+  const EpWorld world = make_world({37, 23, 0, 41}, 32, 40, 8, 3);
   const StepCase c = make_case(world, RoutingPattern::Skewed, 3);
-  const PlanOptions o = options(8, 16);
+  PlanOptions o = options(8, 16);
+  o.tile_signal.band_block = 2;
   const auto plans = compile_plan(Strategy::TileSignal, world, c.routing, o);
+  const std::int64_t column_tiles = (32 + 15) / 16;
   for (const StepPlan& p : plans) {
-    // padding: every owner group is a multiple of tile_m
-    for (const LocalExpert& e : p.experts) EXPECT_EQ((e.row_end - e.row_begin) % o.tile_m, 0);
-    bool seen_local = false;
-    std::map<std::int32_t, int> remote_bands_of_expert;
-    for (const TaskRef& ref : p.compute_queue) {
-      if (ref.kind != TaskKind::Gemm || p.tiles[ref.index].layer != 1) continue;
-      const GemmTile& t = p.tiles[ref.index];
-      ASSERT_GE(t.dest_rank, 0);
-      ASSERT_EQ(t.row_end - t.row_begin, o.tile_m);
-      EXPECT_GT(t.valid_rows, 0);
-      EXPECT_LE(t.valid_rows, o.tile_m);
-      if (t.dest_rank == p.rank) seen_local = true;
-      else EXPECT_FALSE(seen_local) << "a remote tile after a local one on rank " << p.rank;
-      if (t.dest_rank != p.rank && t.col_begin == 0) ++remote_bands_of_expert[t.expert];
-    }
-    // experts with more remote bands first
-    std::vector<int> order;
-    std::set<std::int32_t> seen;
-    for (const TaskRef& ref : p.compute_queue) {
-      if (ref.kind != TaskKind::Gemm) continue;
-      const GemmTile& t = p.tiles[ref.index];
-      if (t.layer == 1 && t.dest_rank != p.rank && seen.insert(t.expert).second) order.push_back(remote_bands_of_expert[t.expert]);
-    }
-    for (std::size_t i = 1; i < order.size(); ++i) EXPECT_GE(order[i - 1], order[i]);
-    // consumer segments: only real rows, the first and the last one band, the others <= mgb bands
-    std::vector<const Segment*> sends;
-    for (const TaskRef& ref : p.comm_queue) {
-      if (ref.kind == TaskKind::Segment && p.segments[ref.index].dst == BufferId::CombineIn) sends.push_back(&p.segments[ref.index]);
-    }
-    std::int64_t rows_sent = 0;
-    for (std::size_t i = 0; i < sends.size(); ++i) {
-      const std::int64_t bands = (sends[i]->rows + o.tile_m - 1) / o.tile_m;
-      if (i == 0 || i + 1 == sends.size()) {
-        EXPECT_EQ(bands, 1) << "segment " << i;
-      }
-      EXPECT_LE(bands, cpu_bands_per_segment(o.tile_signal));
-      rows_sent += sends[i]->rows;
-    }
+    // the rows of the sequential layout: no padding, nothing zeroed
     std::int64_t routed_here = 0;
     for (const StepPlan& owner : plans) {
       for (std::size_t s = 0; s < owner.combine_source_row.size(); ++s) {
-        const std::int32_t e = c.routing[static_cast<std::size_t>(owner.rank)].expert[s];
-        if (e / 2 == p.rank) ++routed_here;
+        if (c.routing[static_cast<std::size_t>(owner.rank)].expert[s] / 2 == p.rank) ++routed_here;
       }
     }
-    EXPECT_EQ(rows_sent, routed_here) << "only real rows leave rank " << p.rank;
+    EXPECT_EQ(p.expert_rows, routed_here);
+    EXPECT_TRUE(p.zero_rows.empty());
+    // the owner of each expert row, from the CombineIn rows the segments write at the owners
+    std::vector<int> owner_of_row(static_cast<std::size_t>(p.expert_rows), -1);
+    std::int64_t rows_sent = 0;
+    std::set<std::int64_t> bands_seen;
+    std::vector<std::int64_t> band_order;
+    for (const TaskRef& ref : p.comm_queue) {
+      if (ref.kind != TaskKind::Segment || p.segments[ref.index].dst != BufferId::CombineIn) continue;
+      const Segment& s = p.segments[ref.index];
+      for (std::int64_t r = s.src_row; r < s.src_row + s.rows; ++r) {
+        EXPECT_EQ(owner_of_row[static_cast<std::size_t>(r)], -1) << "row " << r << " shipped twice";
+        owner_of_row[static_cast<std::size_t>(r)] = s.dest_rank;
+      }
+      rows_sent += s.rows;
+      // a segment waits for its bands' flags, each counting all the band's column tiles
+      EXPECT_GE(s.wait_count, 1u);
+      EXPECT_LE(s.wait_count, static_cast<std::uint32_t>(cpu_bands_per_segment(o.tile_signal)));
+      for (std::uint32_t w = s.wait_begin; w < s.wait_begin + s.wait_count; ++w) {
+        EXPECT_EQ(p.waits[w].expected, static_cast<std::uint32_t>(column_tiles));
+        if (bands_seen.insert(p.waits[w].flag).second) band_order.push_back(p.waits[w].flag);
+      }
+    }
+    EXPECT_EQ(rows_sent, routed_here) << "every row leaves rank " << p.rank << " once";
+    // GEMM1: the tiles holding rows of other ranks come first, and the bands are shipped in
+    // the order their flags first complete in that schedule
+    bool seen_local_only = false;
+    std::vector<std::int64_t> flag_order;
+    std::set<std::int64_t> flags_seen;
+    for (const TaskRef& ref : p.compute_queue) {
+      if (ref.kind != TaskKind::Gemm || p.tiles[ref.index].layer != 1) continue;
+      const GemmTile& t = p.tiles[ref.index];
+      EXPECT_LE(t.row_end - t.row_begin, o.tile_m);
+      bool remote = false;
+      for (std::int64_t r = t.row_begin; r < t.row_end; ++r) remote = remote || owner_of_row[static_cast<std::size_t>(r)] != p.rank;
+      if (!remote) seen_local_only = true;
+      else EXPECT_FALSE(seen_local_only) << "a tile with remote rows after a local-only one on rank " << p.rank;
+      if (flags_seen.insert(t.signal_flag).second) flag_order.push_back(t.signal_flag);
+    }
+    EXPECT_EQ(band_order, flag_order) << "rank " << p.rank << " ships its bands in the order GEMM1 starts them";
   }
 }
 

@@ -65,11 +65,6 @@ struct GemmTile {
   std::int64_t col_begin = 0, col_end = 0;
   std::uint32_t wait_begin = 0, wait_count = 0;  // into StepPlan::waits
   std::int32_t signal_flag = kNoFlag;            // local flag raised after the tile is stored
-  // The tile-signal combine table (systems.md 1.3): the owner of the tile's rows, where they
-  // land in its CombineIn, how many of the tile's rows are real. -1 / 0 when unused.
-  std::int32_t dest_rank = -1;
-  std::int64_t remote_offset = -1;
-  std::int32_t valid_rows = 0;
 };
 
 // A copy of `rows` rows x columns [col_begin, col_end) from a local buffer into `dst` of

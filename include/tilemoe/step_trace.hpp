@@ -39,8 +39,8 @@ struct TracedStep {
 };
 
 // Trace-event JSON (Chrome / Perfetto): a process per rank of each step, a thread per worker,
-// a span per task, and a flow arrow from each tile whose ready flag a segment waits for to
-// that segment. Steps are laid one after another on the time axis. Written atomically.
+// a span per task, and a flow arrow to each segment from the tile that completed a row band's
+// ready flag the segment waits for. Steps are laid one after another on the time axis. Written atomically.
 void write_trace(const std::string& path, const std::vector<TracedStep>& steps);
 
 }  // namespace tilemoe

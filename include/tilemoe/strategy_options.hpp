@@ -11,14 +11,14 @@ namespace tilemoe {
 struct TileSignalOptions {
   // Row bands the consumer waits for and ships as one segment (the paper's mgb). 0: the
   // strategy's choice, 2 on the CPU engine (a segment is a task with its own overhead there),
-  // 1 on the GPU (measured best in tile_signal_bench). At most 8 on the CPU, 32 on the GPU.
+  // 1 on the GPU. At most 8 on the CPU, 32 on the GPU.
   int bands_per_segment = 0;
   // GPU: the consumer's CTAs (even: clusters of 2, like GEMM1's); GEMM1 leaves as many SMs free.
   // 0: the cost model's best split for the layer's shape (split_model.hpp).
   int consumer_ctas = 0;
-  // GPU: GEMM1 computes each expert's bands in blocks of this many (even; all column tiles of a
-  // block before the next block), so that bands become ready one block at a time. 0: about two
-  // waves of GEMM1's clusters per block.
+  // GEMM1 computes each expert's bands in blocks of this many (even; all column tiles of a block
+  // before the next block), so that bands become ready one block at a time. 0: on the GPU about
+  // two waves of GEMM1's clusters per block, on the CPU engine one block per expert.
   int band_block = 0;
 };
 

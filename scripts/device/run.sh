@@ -155,6 +155,32 @@ for step in "${steps[@]}"; do
         run_step "bench-repro $run" "$bin/cuda_layer_bench" --case qwen3-30b-a3b:16384 --stall-limit-s 30 \
           --json "$out/bench_repro_$run.json"
       done ;;
+    compare-bench|compare-ts)  # the binaries from before a change ($TILEMOE_BEFORE_BIN) against these, case by case,
+      # alternating, in this call: the no-regression table (bench/compare_runs.py)
+      before=${TILEMOE_BEFORE_BIN:?compare steps need TILEMOE_BEFORE_BIN: the binaries from before the change}
+      if [ "$step" = compare-bench ]; then
+        for case in "${bench_cases[@]}"; do
+          for side in before after; do
+            b=$bin; [ $side = before ] && b=$before
+            rm -f "$out/bench_case.json"
+            run_step "compare-bench $side $case" timeout 300 "$b/cuda_layer_bench" --case "$case" --stall-limit-s 30 --json "$out/bench_case.json"
+            cat "$out/bench_case.json" >>"$out/compare_bench_$side.json" 2>/dev/null
+          done
+        done
+        rm -f "$out/bench_case.json"
+        python3 bench/compare_runs.py "$out/compare_bench_before.json" "$out/compare_bench_after.json" | tee -a "$log"
+      else
+        for case in ${TS_COMPARE_CASES:-mixtral-8x7b:4096:4 mixtral-8x7b:4096:8 mixtral-8x7b:16384:4 mixtral-8x7b:16384:8 deepseek-v3:4096:4 deepseek-v3:4096:8 deepseek-v3:16384:4}; do
+          for side in before after; do
+            b=$bin; [ $side = before ] && b=$before
+            rm -f "$out/ts_case.json"
+            run_step "compare-ts $side $case" "$b/tile_signal_bench" --case "$case" --json "$out/ts_case.json"
+            cat "$out/ts_case.json" >>"$out/compare_ts_$side.json" 2>/dev/null
+          done
+        done
+        rm -f "$out/ts_case.json"
+        python3 bench/compare_runs.py "$out/compare_ts_before.json" "$out/compare_ts_after.json" | tee -a "$log"
+      fi ;;
     ep-bench) run_step ep-bench "$bin/ep_exchange_bench" --json "$out/ep_bench.json" ;;
     ep-bench-link)
       run_step ep-bench-link "$bin/ep_exchange_bench" --quick --link-gbps 100 --json "$out/ep_bench_link.json"

@@ -9,6 +9,7 @@
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 #include "exec/cuda/ep_exchange.hpp"
+#include "ep_layer_inspector.hpp"
 #include "expert_ffn.hpp"
 #include "layer_routing.hpp"
 #include "exec/cuda/gpu_rates.hpp"
@@ -110,6 +111,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   __nv_bfloat16* send_rows_ptr() const {
     return remote_peers ? reinterpret_cast<__nv_bfloat16*>(region(layout.send_rows)) : send_rows.data();
   }
+  EpLayerTables download_tables(cudaStream_t stream) const;
   void host_dispatch(cudaStream_t stream, int tokens);
   void host_combine_send(cudaStream_t stream);
   std::vector<std::size_t> send_offset, send_bytes, recv_offset, recv_bytes;  // host path, this step
@@ -601,66 +603,82 @@ void EpMoeLayer::check(cudaStream_t stream) {
   }
 }
 
+EpLayerTables EpMoeLayer::Impl::download_tables(cudaStream_t stream) const {
+  if (!ffn) throw_bad_input("an exchange-only layer (identity experts) builds no GEMM tables");
+  wait_for_step(stream);
+  auto fetch = [&](auto* dst, const auto* src, std::size_t count) {
+    if (count > 0) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(*dst), cudaMemcpyDeviceToHost, own));
+  };
+  EpLayerTables t;
+  t.row_offset.resize(static_cast<std::size_t>(local_experts + 1));
+  t.block_offset.resize(static_cast<std::size_t>(local_experts * world + 1));
+  int entries = 0, band_total = 0;
+  fetch(t.row_offset.data(), local_row_offset.data(), t.row_offset.size());
+  fetch(t.block_offset.data(), block_offset.data(), t.block_offset.size());
+  fetch(&entries, ffn->gemm1_count(), 1);
+  if (options.strategy == Strategy::TileSignal) fetch(&band_total, band_count.data(), 1);
+  wait_for_own("the last step's tables");
+  t.gemm1.resize(static_cast<std::size_t>(std::max(entries, 0)));
+  t.bands.resize(static_cast<std::size_t>(std::max(band_total, 0)));
+  fetch(t.gemm1.data(), ffn->gemm1_table(), t.gemm1.size());
+  fetch(t.bands.data(), bands.data(), t.bands.size());
+  wait_for_own("the last step's tables");
+  t.band_block = schedule.band_block;
+  t.bands_per_segment = schedule.bands_per_segment;
+  return t;
+}
+
+EpLayerTables EpMoeLayerInspector::last_tables(const EpMoeLayer& layer, cudaStream_t stream) {
+  return layer.impl_->download_tables(stream);
+}
+
 std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   const Impl& m = *impl_;
   if (!m.options.record_trace) throw_bad_input("last_trace needs EpMoeLayerOptions::record_trace");
-  m.wait_for_step(stream);
+  const EpLayerTables t = m.download_tables(stream);
   const int N = m.world, L = m.local_experts;
-  auto fetch = [&](auto* dst, const auto* src, std::size_t count) {
-    if (count > 0) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(*dst), cudaMemcpyDeviceToHost, m.own));
-  };
-  int entries = 0;
-  fetch(&entries, m.ffn->gemm1_count(), 1);
-  std::vector<int> block(static_cast<std::size_t>(L * N + 1));
-  fetch(block.data(), m.block_offset.data(), block.size());
-  m.wait_for_own("the last step's tables");
-  entries = std::max(entries, 0);
-  std::vector<GemmTileEntry> table(static_cast<std::size_t>(entries));
-  std::vector<unsigned long long> tiles(2 * table.size());
-  fetch(table.data(), m.ffn->gemm1_table(), table.size());
-  fetch(tiles.data(), m.tile_times.data(), tiles.size());
-  int band_total = 0;
-  if (m.options.strategy == Strategy::TileSignal) fetch(&band_total, m.band_count.data(), 1);
-  m.wait_for_own("the last step's tables");
-  auto remote = [&](int le, int lo, int hi) { return holds_remote_rows(block.data(), le, N, m.rank, lo, hi); };
+  const std::size_t entries = t.gemm1.size();
+  const std::size_t segments = t.bands.empty() ? 0 : (t.bands.size() + t.bands_per_segment - 1) / t.bands_per_segment;
+  std::vector<unsigned long long> tiles(2 * entries), times(3 * segments);
+  if (!tiles.empty()) {
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(tiles.data(), m.tile_times.data(), tiles.size() * sizeof(tiles[0]), cudaMemcpyDeviceToHost, m.own));
+  }
+  if (!times.empty()) {
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(times.data(), m.segment_times.data(), times.size() * sizeof(times[0]), cudaMemcpyDeviceToHost, m.own));
+  }
+  m.wait_for_own("the last step's times");
+  auto remote = [&](int le, int lo, int hi) { return holds_remote_rows(t.block_offset.data(), le, N, m.rank, lo, hi); };
   std::vector<DeviceSpan> spans;
   const int clusters = std::max(m.ffn->gemm1_grid_ctas() / 2, 1);
-  for (int i = 0; i < entries; ++i) {
-    const GemmTileEntry& e = table[static_cast<std::size_t>(i)];
+  for (std::size_t i = 0; i < entries; ++i) {
+    const GemmTileEntry& e = t.gemm1[i];
     if (e.rows == 0) continue;
     DeviceSpan s;
     s.rank = m.rank;
     s.track = "GEMM1 tiles";
-    s.lane = ((i / 2) % clusters) * 2 + i % 2;  // cluster c runs items c, c + C, ...; mates side by side
+    s.lane = static_cast<int>(((i / 2) % static_cast<std::size_t>(clusters)) * 2 + i % 2);  // cluster c runs items c, c + C, ...
     s.label = "expert " + std::to_string(m.rank * L + e.group) + " rows " + std::to_string(e.row_begin) + "+" + std::to_string(e.rows) +
               " cols " + std::to_string(e.col_tile * kPlannedTileN);
-    s.start_ns = tiles[2 * static_cast<std::size_t>(i)];
-    s.end_ns = tiles[2 * static_cast<std::size_t>(i) + 1];
+    s.start_ns = tiles[2 * i];
+    s.end_ns = tiles[2 * i + 1];
     s.remote = remote(e.group, e.row_begin, e.row_begin + e.rows);
     spans.push_back(std::move(s));
   }
-  if (band_total > 0) {
-    std::vector<TileBand> bands(static_cast<std::size_t>(band_total));
-    const int per = m.schedule.bands_per_segment, segments = (band_total + per - 1) / per;
-    std::vector<unsigned long long> times(3 * static_cast<std::size_t>(segments));
-    fetch(bands.data(), m.bands.data(), bands.size());
-    fetch(times.data(), m.segment_times.data(), times.size());
-    m.wait_for_own("the last step's tables");
-    for (int sgm = 0; sgm < segments; ++sgm) {
-      DeviceSpan s;
-      s.rank = m.rank;
-      s.track = "consumer";
-      s.lane = sgm % m.schedule.consumer_ctas;
-      int rows = 0;
-      for (int b = sgm * per; b < std::min(band_total, (sgm + 1) * per); ++b) {
-        rows += bands[static_cast<std::size_t>(b)].rows;
-        s.remote = s.remote || bands[static_cast<std::size_t>(b)].remote != 0;
-      }
-      s.label = "segment " + std::to_string(sgm) + ": " + std::to_string(rows) + " rows";
-      s.start_ns = times[3 * static_cast<std::size_t>(sgm) + 1];  // from its flags' readiness to its rows shipped
-      s.end_ns = times[3 * static_cast<std::size_t>(sgm) + 2];
-      spans.push_back(std::move(s));
+  const std::size_t per = static_cast<std::size_t>(t.bands_per_segment);
+  for (std::size_t sgm = 0; sgm < segments; ++sgm) {
+    DeviceSpan s;
+    s.rank = m.rank;
+    s.track = "consumer";
+    s.lane = static_cast<int>(sgm % static_cast<std::size_t>(m.schedule.consumer_ctas));
+    int rows = 0;
+    for (std::size_t b = sgm * per; b < std::min(t.bands.size(), (sgm + 1) * per); ++b) {
+      rows += t.bands[b].rows;
+      s.remote = s.remote || t.bands[b].remote != 0;
     }
+    s.label = "segment " + std::to_string(sgm) + ": " + std::to_string(rows) + " rows";
+    s.start_ns = times[3 * sgm + 1];  // from its flags' readiness to its rows shipped
+    s.end_ns = times[3 * sgm + 2];
+    spans.push_back(std::move(s));
   }
   return spans;
 }

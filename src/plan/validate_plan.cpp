@@ -159,13 +159,6 @@ class PlanChecker {
       const std::int64_t cols = t.layer == 0 ? p.ffn_hidden : p.hidden;
       if (t.col_begin < 0 || t.col_end > cols || t.col_begin >= t.col_end) reject(who + ": columns outside 0.." + std::to_string(cols));
       if (t.signal_flag != kNoFlag && (t.signal_flag < 0 || static_cast<std::uint32_t>(t.signal_flag) >= p.flag_count)) reject(who + ": raises flag " + std::to_string(t.signal_flag) + " of " + std::to_string(p.flag_count));
-      if (t.dest_rank != -1) {
-        if (t.dest_rank < 0 || t.dest_rank >= world()) reject(who + ": destination rank " + std::to_string(t.dest_rank));
-        const StepPlan& d = plans_[static_cast<std::size_t>(t.dest_rank)];
-        if (t.valid_rows < 0 || t.valid_rows > t.row_end - t.row_begin || !rows_inside(t.remote_offset, t.valid_rows, d.combine_rows)) {
-          reject(who + ": combine table entry (offset " + std::to_string(t.remote_offset) + ", " + std::to_string(t.valid_rows) + " rows) outside rank " + std::to_string(t.dest_rank) + "'s CombineIn");
-        }
-      }
       check_waits_range(p, t.wait_begin, t.wait_count, who);
     }
     for (std::uint32_t i = 0; i < p.segments.size(); ++i) {

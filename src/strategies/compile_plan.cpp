@@ -78,6 +78,10 @@ void validate(const PlanOptions& options, const EpWorld& world) {
     throw_bad_input("mgb = " + std::to_string(options.tile_signal.bands_per_segment) +
                     " is outside [0 (the strategy's choice), 8] (the paper uses 1 or 2)");
   }
+  if (options.tile_signal.band_block < 0 || options.tile_signal.band_block % 2 != 0) {
+    throw_bad_input("tile_signal band block = " + std::to_string(options.tile_signal.band_block) +
+                    " bands: 0 (each expert's bands at once) or a positive even number");
+  }
   if (options.comet.split_cols < 0 || options.comet.split_cols > world.layer.hidden) {
     throw_bad_input("comet split = " + std::to_string(options.comet.split_cols) +
                     " columns is outside [0 (auto), hidden = " + std::to_string(world.layer.hidden) + "]");

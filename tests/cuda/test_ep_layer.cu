@@ -6,6 +6,7 @@
 // program (CI has no GPU); scripts/device/run.sh runs it. Exit code 0 only if all passed.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -19,6 +20,8 @@
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "sm90_device.hpp"
 #include "tilemoe/cpu_executor.hpp"
+#include "layer/ep_layer_inspector.hpp"
+#include "strategies/tile_signal/band_order.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
@@ -161,6 +164,90 @@ void check_against_oracle(const Case& c, const EpWorld& world, const SyntheticSt
   expect(vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2, text);
 }
 
+// The schedule the GPU built for tile_signal, downloaded from every rank, against the host
+// compiler: the GEMM1 table and the band list equal tile_signal_tables' for the same rows; the
+// CPU engine's tile_signal plan at the GPU's tile shape passes validate_plan and runs the same
+// GEMM1 tiles in the same order and ships the same bands in the same order; and the CPU
+// executor running that plan gives the GPU's output within bf16 tolerance.
+void check_device_schedule(const Case& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
+                           const std::vector<Routing>& routing, const std::vector<cuda::EpLayerTables>& device,
+                           const std::vector<Matrix>& device_out) {
+  const int n = c.ranks;
+  bool tables_equal = true;
+  for (int r = 0; r < n; ++r) {
+    const cuda::EpLayerTables& d = device[static_cast<std::size_t>(r)];
+    const cuda::TileSignalTables host = cuda::tile_signal_tables(d.row_offset, d.block_offset, n, r, static_cast<int>(c.hidden),
+                                                                 d.band_block);
+    auto same_entry = [](const cuda::GemmTileEntry& a, const cuda::GemmTileEntry& b) {
+      return a.group == b.group && a.row_begin == b.row_begin && a.rows == b.rows && a.col_tile == b.col_tile && a.flag == b.flag;
+    };
+    auto same_band = [](const cuda::TileBand& a, const cuda::TileBand& b) {
+      return a.row_begin == b.row_begin && a.rows == b.rows && a.remote == b.remote && a.id == b.id && a.group == b.group;
+    };
+    tables_equal = tables_equal && host.gemm1.size() == d.gemm1.size() && host.bands.size() == d.bands.size() &&
+                   std::equal(host.gemm1.begin(), host.gemm1.end(), d.gemm1.begin(), same_entry) &&
+                   std::equal(host.bands.begin(), host.bands.end(), d.bands.begin(), same_band);
+  }
+  expect(tables_equal, "every rank's device-built GEMM1 table and band list equal the host compiler's for its rows");
+  if (!c.oracle) return;
+
+  PlanOptions o;
+  o.tile_m = cuda::kPlannedTileM;
+  o.tile_n = cuda::kPlannedTileN;
+  o.tile_signal.band_block = device[0].band_block;
+  o.tile_signal.bands_per_segment = device[0].bands_per_segment;
+  const auto plans = compile_plan(Strategy::TileSignal, world, routing, o);
+  bool valid = true;
+  try {
+    validate_plan(plans);
+  } catch (const Error& e) {
+    valid = false;
+    std::printf("  validate_plan: %s\n", e.what());
+  }
+  expect(valid, "validate_plan accepts the CPU engine's plans of the GPU's tile_signal schedule");
+  bool same_order = true;
+  for (int r = 0; r < n; ++r) {
+    const StepPlan& p = plans[static_cast<std::size_t>(r)];
+    const cuda::EpLayerTables& d = device[static_cast<std::size_t>(r)];
+    std::vector<const GemmTile*> gemm1;
+    for (const TaskRef& ref : p.compute_queue) {
+      if (ref.kind == TaskKind::Gemm && p.tiles[ref.index].layer == 1) gemm1.push_back(&p.tiles[ref.index]);
+    }
+    std::size_t i = 0;
+    for (const cuda::GemmTileEntry& e : d.gemm1) {
+      if (e.rows == 0) continue;  // a cluster mate's padding
+      const bool match = i < gemm1.size() && gemm1[i]->expert == e.group && gemm1[i]->row_begin == e.row_begin &&
+                         gemm1[i]->row_end == e.row_begin + e.rows && gemm1[i]->col_begin == std::int64_t{e.col_tile} * o.tile_n;
+      same_order = same_order && match;
+      ++i;
+    }
+    same_order = same_order && i == gemm1.size();
+    // the bands in the order the plan's pieces ship their rows (a piece is one owner's rows of a band)
+    std::vector<std::int64_t> shipped;  // first rows of the bands, in shipping order
+    for (const TaskRef& ref : p.comm_queue) {
+      if (ref.kind != TaskKind::Segment) continue;
+      const Segment& s = p.segments[ref.index];
+      if (s.dst != BufferId::CombineIn) continue;
+      for (const cuda::TileBand& band : d.bands) {
+        if (s.src_row >= band.row_begin && s.src_row < band.row_begin + band.rows) {
+          if (shipped.empty() || shipped.back() != band.row_begin) shipped.push_back(band.row_begin);
+          break;
+        }
+      }
+    }
+    std::vector<std::int64_t> device_order;
+    for (const cuda::TileBand& band : d.bands) device_order.push_back(band.row_begin);
+    same_order = same_order && shipped == device_order;
+  }
+  expect(same_order, "the CPU plan runs the GPU's GEMM1 tiles in the GPU's order, and ships its bands in segments as the consumer does");
+  const StepRun cpu = run_step(plans, weights, step.inputs);
+  const ErrorStats vs_cpu = compare(device_out, cpu.outputs);
+  char text[160];
+  std::snprintf(text, sizeof text, "the CPU executor running the GPU's schedule: rel. Frobenius error vs the GPU %.2e",
+                vs_cpu.relative_frobenius);
+  expect(vs_cpu.finite && vs_cpu.relative_frobenius < 1e-2, text);
+}
+
 void run_case(const Case& c, std::uint64_t seed) {
   const int failures_before = failures;
   std::printf("%s: %d virtual ranks, up to %lld tokens each, hidden %lld, ffn %lld, E %lld, top-%lld, %s routing\n",
@@ -189,6 +276,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n), tile_out(n), tile_second_out(n), tile_graph_out(n);
   std::vector<Routing> routing(n);
   std::vector<std::string> description(n);
+  std::vector<cuda::EpLayerTables> device_tables(n);
   on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const std::int64_t T = world.tokens_per_rank[ri];
@@ -244,6 +332,7 @@ void run_case(const Case& c, std::uint64_t seed) {
       cuda::EpMoeLayer ts_layer(config, weights, transport, overlap);
       if (r == 0) description[ri] = ts_layer.description();
       eager_and_replayed(ts_layer, transport, b, T, c.hidden, 2, {&tile_out[ri], &tile_second_out[ri]}, tile_graph_out[ri]);
+      device_tables[ri] = cuda::EpMoeLayerInspector::last_tables(ts_layer, b.stream);
     }
     transport.host_barrier();
   });
@@ -255,6 +344,7 @@ void run_case(const Case& c, std::uint64_t seed) {
                 device_out[r].bitwise_equal(tile_graph_out[r]);
   }
   expect(same_tile, "tile_signal gives the sequential output bitwise (two steps and a graph replay)");
+  check_device_schedule(c, world, step, weights, routing, device_tables, tile_out);
 }
 
 // A rank whose exchange kernels send nothing: every rank's step must fail within the timeout

@@ -127,6 +127,7 @@ class EpMoeLayer {
   std::string description() const;  // "device dispatch, 4 CTAs per peer, planned c1x2"
 
  private:
+  friend struct EpMoeLayerInspector;  // the GPU tests' view of the device-built tables (src/layer)
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -87,7 +87,7 @@ void write_trace(const std::string& path, const std::vector<TracedStep>& steps) 
       placed[{r.rank, {static_cast<int>(r.task.kind), r.task.index}}] = &r;
       end_ns = std::max(end_ns, r.end_ns);
     }
-    // a flow from each tile to every segment that waits for the tile's own flag
+    // a flow to every segment from the tile that completed a row band's ready flag it waits for
     for (const StepPlan& p : plans) {
       std::map<std::uint32_t, std::vector<std::uint32_t>> tiles_of_flag;
       for (std::uint32_t i = 0; i < p.tiles.size(); ++i) {
@@ -99,10 +99,19 @@ void write_trace(const std::string& path, const std::vector<TracedStep>& steps) 
         if (seg == placed.end()) continue;
         for (std::uint32_t w = s.wait_begin; w < s.wait_begin + s.wait_count; ++w) {
           auto tiles = tiles_of_flag.find(p.waits[w].flag);
-          if (tiles == tiles_of_flag.end() || tiles->second.size() != 1) continue;  // per-tile flags only
-          auto tile = placed.find({p.rank, {static_cast<int>(TaskKind::Gemm), tiles->second.front()}});
-          if (tile == placed.end()) continue;
-          const TaskRecord& a = *tile->second;
+          if (tiles == tiles_of_flag.end()) continue;
+          // ready flags of one row band only (a phase counter raised by many bands would draw a
+          // thicket): the arrow starts at the tile that completed the band
+          const GemmTile& first = p.tiles[tiles->second.front()];
+          const TaskRecord* last = nullptr;
+          bool one_band = true;
+          for (std::uint32_t ti : tiles->second) {
+            one_band = one_band && p.tiles[ti].expert == first.expert && p.tiles[ti].row_begin == first.row_begin;
+            auto tile = placed.find({p.rank, {static_cast<int>(TaskKind::Gemm), ti}});
+            if (tile != placed.end() && (last == nullptr || tile->second->end_ns > last->end_ns)) last = tile->second;
+          }
+          if (!one_band || last == nullptr) continue;
+          const TaskRecord& a = *last;
           const TaskRecord& b = *seg->second;
           const std::uint64_t id = events.size();
           events.push_back({{"ph", "s"}, {"name", "ready"}, {"cat", "flag"}, {"id", id}, {"pid", pid_base + a.rank}, {"tid", tid(a)},

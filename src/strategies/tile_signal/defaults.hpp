@@ -5,8 +5,8 @@
 namespace tilemoe {
 
 // Bands per consumer segment. On the CPU engine a segment is a task with its own overhead, so
-// two bands per middle segment (the first and the last are one band: early start, short tail);
-// on the GPU one band, which tile_signal_bench measured best (NOTES.md, 2026-12-03).
+// two; on the GPU one, the layer's default since its first cut (tile_signal_bench's sweep,
+// BENCHMARKS.md, shows no consistent winner between 1 and 2).
 inline int cpu_bands_per_segment(const TileSignalOptions& options) {
   return options.bands_per_segment > 0 ? options.bands_per_segment : 2;
 }

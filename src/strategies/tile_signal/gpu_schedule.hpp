@@ -1,31 +1,21 @@
 #pragma once
 // tile_signal's schedule on the GPU (ICPP 2026; systems.md section 1), built on the device right
-// after the dispatch has written the step's tables, with no host synchronisation:
+// after the dispatch has written the step's tables, with no host synchronisation (the host twin,
+// which the CPU engine's plan and the GPU tests use, is band_order.hpp's tile_signal_tables):
 //  - GEMM1's tile table (the sequential table of build_tile_table, in band blocks) reordered so
 //    that the cluster items of bands holding other ranks' rows come first, stably;
 //  - the bands in the same remote-first order, which the band consumer (exec/cuda) ships in
 //    segments of bands_per_segment as their flags complete;
-//  - how many bands a block of GEMM1's table holds.
 // The rows, the GEMM configuration and the destinations are those of the sequential step, so
 // the combine input, and with it the output, is bitwise the same.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "band_order.hpp"
 #include "plan/gpu_tables.hpp"
 
 namespace tilemoe::cuda {
-
-// Whether rows [lo, hi) of local expert g hold rows of a rank other than `me`, by the split of
-// its rows by source, block_offset [groups * world + 1] (EpLocalTables). Host and device.
-__host__ __device__ inline bool holds_remote_rows(const int* block_offset, int g, int world, int me, int lo, int hi) {
-  for (int q = 0; q < world; ++q) {
-    if (q == me) continue;
-    const int b = block_offset[g * world + q], e = block_offset[g * world + q + 1];
-    if (b < e && lo < e && b < hi) return true;
-  }
-  return false;
-}
 
 // Bands of `groups` groups with offsets row_offset [groups + 1] (device), in remote-first
 // order (stable): bands[0 .. *count). `block_offset` [groups * world + 1] splits each group's

@@ -1,0 +1,28 @@
+#pragma once
+// What the GPU tests read of an EpMoeLayer's last step that no user needs: the tables its
+// strategy built on the device, downloaded, so that the tests can hold them against the host
+// compiler's (tile_signal_tables) and run the same schedule on the CPU executor.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "plan/gpu_tables.hpp"
+#include "tilemoe/cuda/ep_moe_layer.hpp"
+
+namespace tilemoe::cuda {
+
+struct EpLayerTables {
+  std::vector<int> row_offset;       // [local experts + 1] the local experts' rows
+  std::vector<int> block_offset;     // [local experts * world + 1] those rows split by source rank
+  std::vector<GemmTileEntry> gemm1;  // GEMM1's table, in the order the GEMM ran it
+  std::vector<TileBand> bands;       // tile_signal: the consumer's band list (empty otherwise)
+  int band_block = 0;                // tile_signal: GEMM1's band blocks
+  int bands_per_segment = 0;         // tile_signal: bands per consumer segment
+};
+
+struct EpMoeLayerInspector {
+  // Waits for the step (bounded, as check() does), then downloads its tables.
+  static EpLayerTables last_tables(const EpMoeLayer& layer, cudaStream_t stream);
+};
+
+}  // namespace tilemoe::cuda
