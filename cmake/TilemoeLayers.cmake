@@ -63,3 +63,11 @@ function(tilemoe_layer_library layer)
   tilemoe_layer_includes(tilemoe_${layer} ${layer})
   target_link_libraries(tilemoe_${layer} PUBLIC ${ARG_DEPS})
 endfunction()
+
+# A GPU test or benchmark program (tests/cuda, bench): it sees every layer of src/ (it checks
+# internals) and links all of them, plus `ARGN`.
+function(tilemoe_gpu_program name source)
+  add_executable(${name} ${source})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(${name} PRIVATE tilemoe_runtime ${ARGN})
+endfunction()

@@ -86,6 +86,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   TileSignalGpuSchedule schedule;  // tile_signal's split and GEMM1 order, as the strategy chose them
   std::string split_note;          // how the split was chosen, for description()
   EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
+  int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the flag the corrupted band waits for
   // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
   DeviceArray<unsigned long long> tile_times, segment_times;
 
@@ -237,6 +238,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     ffn_options.gemm1_band_block = schedule.band_block;
     const std::int64_t band_room = max_bands(layout.receive_capacity, local_experts);
     band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
+    unsignalled_flag = static_cast<int>(band_room - 1);  // max_bands exceeds every step's bands by one at least
     bands = DeviceArray<TileBand>(static_cast<std::size_t>(band_room));
     band_count = DeviceArray<int>(1);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
@@ -518,6 +520,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
                                   m.block_offset.data(), L, N, m.rank, m.table_scratch.data());
         launch_build_bands(stream, m.local_row_offset.data(), m.block_offset.data(), L, N, m.rank, m.bands.data(),
                            static_cast<int>(m.bands.count()), m.band_count.data());
+        if (m.harness.unsignalled_band_wait) {  // the last flag of the band room: no band has it, no tile raises it
+          TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&m.bands.data()->id, &m.unsignalled_flag, sizeof(int), cudaMemcpyHostToDevice, stream));
+        }
       }
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
       const std::int64_t bound = m.layout.receive_capacity;

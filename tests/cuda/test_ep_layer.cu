@@ -347,10 +347,15 @@ void run_case(const Case& c, std::uint64_t seed) {
   check_device_schedule(c, world, step, weights, routing, device_tables, tile_out);
 }
 
-// A rank whose exchange kernels send nothing: every rank's step must fail within the timeout
-// with a Timeout error whose message names the silent rank.
-void silent_rank_times_out(int ranks, int silent) {
-  std::printf("silent rank %d of %d\n", silent, ranks);
+// A fault on one rank: every rank's step must fail within the timeout with a Timeout error whose
+// message names the faulty rank, and the failed layer must refuse another forward.
+//  Silent:              the rank's exchange kernels send nothing (a stalled or dead peer);
+//  UnsignalledBandWait: a corrupted device plan (tile_signal): the rank's consumer waits for a
+//                       band flag no GEMM tile raises; its own error names that wait.
+enum class Fault { Silent, UnsignalledBandWait };
+
+void faulty_rank_times_out(int ranks, int faulty, Fault fault) {
+  std::printf("%s rank %d of %d\n", fault == Fault::Silent ? "silent" : "unsignalled band wait on", faulty, ranks);
   EpWorld world;
   world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 256, .num_experts = 2 * ranks, .top_k = 2};
   world.tokens_per_rank.assign(static_cast<std::size_t>(ranks), 64);
@@ -365,9 +370,16 @@ void silent_rank_times_out(int ranks, int silent) {
   on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     RankBuffers b(step.inputs[ri], step.logits[ri], 64, config.hidden, vw.rank(r).stream(cuda::RankStream::Main));
+    cuda::EpMoeLayerOptions options;
     cuda::EpMoeLayerHarness harness;
-    harness.silent = r == silent;
-    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{5}, vw.rank(r), {}, harness);
+    if (fault == Fault::Silent) {
+      harness.silent = r == faulty;
+    } else {
+      options.strategy = Strategy::TileSignal;
+      options.tile_signal.consumer_ctas = 2;
+      harness.unsignalled_band_wait = r == faulty;
+    }
+    cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{5}, vw.rank(r), options, harness);
     const auto start = std::chrono::steady_clock::now();
     try {
       layer.forward(b.stream, b.input, b.logits, b.output, 64);
@@ -386,14 +398,16 @@ void silent_rank_times_out(int ranks, int silent) {
     if (!refused) throw std::runtime_error("a layer whose step failed accepted another forward");
     vw.rank(r).host_barrier();
   });
-  const std::string name = "of rank " + std::to_string(silent);
+  const std::string name = "of rank " + std::to_string(faulty);
+  const std::string own_wait = "the GEMM tile ready flags of rank " + std::to_string(faulty);
   for (int r = 0; r < ranks; ++r) {
     const auto ri = static_cast<std::size_t>(r);
-    expect(kind[ri] == static_cast<int>(ErrorKind::Timeout) && message[ri].find(name) != std::string::npos &&
-               seconds[ri] < 1.0 + 4.0,
+    const bool named = message[ri].find(fault == Fault::UnsignalledBandWait && r == faulty ? own_wait : name) != std::string::npos;
+    expect(kind[ri] == static_cast<int>(ErrorKind::Timeout) && named && seconds[ri] < 1.0 + 4.0,
            "rank " + std::to_string(r) + " failed after " + std::to_string(seconds[ri]) + " s: " + message[ri]);
   }
 }
+
 
 // A receive capacity below what the routing needs: every rank's step fails with a bad-input
 // error naming it, on both dispatch paths, and nobody waits out a timeout.
@@ -548,8 +562,9 @@ int main(int argc, char** argv) {
       if (small && (c.ranks > 4 || c.tokens * c.hidden * c.ffn > 40'000'000)) continue;
       run_case(c, seed + 1000 * n);
     }
-    silent_rank_times_out(4, 2);
-    if (!small) silent_rank_times_out(8, 7);
+    faulty_rank_times_out(4, 2, Fault::Silent);
+    if (!small) faulty_rank_times_out(8, 7, Fault::Silent);
+    if (with_tile_signal) faulty_rank_times_out(4, 1, Fault::UnsignalledBandWait);
     capacity_is_enforced();
     bad_input_is_refused();
     failed_rank_frees_its_peers();

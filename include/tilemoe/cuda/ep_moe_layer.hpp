@@ -73,6 +73,9 @@ struct EpMoeLayerHarness {
   // The experts return their input rows unchanged and no expert weights are allocated: the
   // exchange alone (DeepEP's dispatch/combine benchmark). Not a MoE layer.
   bool identity_experts = false;
+  // A corrupted device plan (tile_signal): the consumer's first band waits for a flag that no
+  // GEMM tile raises; the bounded wait must turn it into an error naming that wait.
+  bool unsignalled_band_wait = false;
 };
 
 class EpMoeLayer {
