@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "tilemoe/cuda/cuda_check.hpp"
+#include "gpu_checks.hpp"
 #include "sm90_device.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "layer/ep_layer_inspector.hpp"
@@ -34,16 +35,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-int failures = 0;
-std::mutex print_mutex;
+using gpu_checks::expect;
+using gpu_checks::failures;
 std::chrono::milliseconds world_timeout{10000};  // --timeout-s (longer under compute-sanitizer)
 bool with_tile_signal = true;                     // --no-tile-signal: the sequential paths only
-
-void expect(bool ok, const std::string& what) {
-  std::lock_guard lock(print_mutex);
-  std::printf("  [%s] %s\n", ok ? "ok" : "FAIL", what.c_str());
-  if (!ok) ++failures;
-}
 
 struct Case {
   std::string name;
@@ -153,15 +148,8 @@ void check_against_oracle(const Case& c, const EpWorld& world, const SyntheticSt
     return;
   }
   const auto plans = compile_plan(Strategy::Sequential, world, routing, PlanOptions{});
-  const StepRun cpu = run_step(plans, weights, step.inputs);
-  const auto fp64 = fp64_reference(world, step.inputs, routing, weights);
-  const ErrorStats vs_cpu = compare(device_out, cpu.outputs);
-  const ErrorStats vs_fp64 = compare(device_out, fp64);
-  const ErrorStats cpu_vs_fp64 = compare(cpu.outputs, fp64);
-  char text[220];
-  std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e (CPU executor: %.2e), vs the CPU executor %.2e",
-                vs_fp64.relative_frobenius, cpu_vs_fp64.relative_frobenius, vs_cpu.relative_frobenius);
-  expect(vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2, text);
+  const gpu_checks::OracleErrors e = gpu_checks::oracle_errors(world, step.inputs, routing, weights, plans, device_out);
+  expect(e.within_tolerance(), e.describe());
 }
 
 // The schedule the GPU built for tile_signal, downloaded from every rank, against the host
@@ -240,16 +228,12 @@ void check_device_schedule(const Case& c, const EpWorld& world, const SyntheticS
     same_order = same_order && shipped == device_order;
   }
   expect(same_order, "the CPU plan runs the GPU's GEMM1 tiles in the GPU's order, and ships its bands in segments as the consumer does");
-  const StepRun cpu = run_step(plans, weights, step.inputs);
-  const ErrorStats vs_cpu = compare(device_out, cpu.outputs);
-  char text[160];
-  std::snprintf(text, sizeof text, "the CPU executor running the GPU's schedule: rel. Frobenius error vs the GPU %.2e",
-                vs_cpu.relative_frobenius);
-  expect(vs_cpu.finite && vs_cpu.relative_frobenius < 1e-2, text);
+  const gpu_checks::OracleErrors e = gpu_checks::oracle_errors(world, step.inputs, routing, weights, plans, device_out);
+  expect(e.within_tolerance(), "the CPU executor running the GPU's schedule: " + e.describe());
 }
 
 void run_case(const Case& c, std::uint64_t seed) {
-  const int failures_before = failures;
+  const int failures_before = failures();
   std::printf("%s: %d virtual ranks, up to %lld tokens each, hidden %lld, ffn %lld, E %lld, top-%lld, %s routing\n",
               c.name.c_str(), c.ranks, (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts,
               (long long)c.top_k, std::string(routing_pattern_name(c.pattern)).c_str());
@@ -300,7 +284,7 @@ void run_case(const Case& c, std::uint64_t seed) {
     }
     transport.host_barrier();  // frees (device-wide synchronisations) only after every rank's last step
   });
-  if (failures > failures_before) return;
+  if (failures() > failures_before) return;
   std::printf("  %s\n", description[0].c_str());
 
   bool same_runs = true, same_graph = true, same_paths = true;
@@ -317,7 +301,7 @@ void run_case(const Case& c, std::uint64_t seed) {
   if (!with_tile_signal) return;
   // the tile-signal overlap in a world of its own (a failure here leaves the sequential
   // results above already judged): two steps (its flags are reset per step) and a graph replay
-  const int before_overlap = failures;
+  const int before_overlap = failures();
   on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const std::int64_t T = world.tokens_per_rank[ri];
@@ -336,7 +320,7 @@ void run_case(const Case& c, std::uint64_t seed) {
     }
     transport.host_barrier();
   });
-  if (failures > before_overlap) return;
+  if (failures() > before_overlap) return;
   std::printf("  %s\n", description[0].c_str());
   bool same_tile = true;
   for (std::size_t r = 0; r < n; ++r) {
@@ -574,9 +558,7 @@ int main(int argc, char** argv) {
       run_case(c, seed + 1000 * n);
     }
   } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
+    gpu_checks::fail(std::string("unexpected exception: ") + e.what());
   }
-  std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
-  return failures ? 1 : 0;
+  return gpu_checks::verdict();
 }

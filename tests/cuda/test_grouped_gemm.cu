@@ -21,6 +21,7 @@
 
 #include "kernels/gemm/stock/grouped_gemm.hpp"
 #include "tilemoe/error.hpp"
+#include "gpu_checks.hpp"
 #include "sm90_device.hpp"
 
 using tilemoe::cuda::GemmConfig;
@@ -43,16 +44,7 @@ namespace {
 constexpr int kGuardRows = 8;  // poisoned rows before and after D that the GEMM must not touch
 constexpr std::uint16_t kPoison = 0xFFFF;
 
-int g_failures = 0;
-int g_checks = 0;
-
-void expect(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_failures;
-    std::printf("  FAIL: %s\n", what.c_str());
-  }
-}
+using tilemoe::gpu_checks::expect;
 
 __device__ std::uint32_t hash32(std::uint32_t x) {
   x ^= x >> 16;
@@ -380,6 +372,7 @@ void test_bad_input(cudaStream_t stream) {
 int main() {
   cudaDeviceProp prop{};
   if (!sm90_device_or_skip(prop, "the grouped GEMM")) return 77;
+  tilemoe::gpu_checks::print_failures_only();  // hundreds of checks: a line for each failure
   cudaStream_t stream;
   CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   try {
@@ -388,14 +381,10 @@ int main() {
     }
     test_bad_input(stream);
   } catch (const tilemoe::Error& e) {
-    std::printf("FAIL: unexpected tilemoe::Error: %s\n", e.what());
-    ++g_failures;
+    tilemoe::gpu_checks::fail(std::string("unexpected tilemoe::Error: ") + e.what());
   } catch (const std::exception& e) {
-    std::printf("FAIL: unexpected exception: %s\n", e.what());
-    ++g_failures;
+    tilemoe::gpu_checks::fail(std::string("unexpected exception: ") + e.what());
   }
   CK(cudaStreamDestroy(stream));
-  std::printf("%s: %d of %d checks failed\n", g_failures ? "FAILED" : "PASSED", g_failures,
-              g_checks);
-  return g_failures ? 1 : 0;
+  return tilemoe::gpu_checks::verdict();
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "comm/cuda/bounded_sync.hpp"
+#include "gpu_checks.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
@@ -23,14 +24,9 @@ using namespace tilemoe;
 
 namespace {
 
-int failures = 0;
+using gpu_checks::expect;
 // how long a wait for the GPU may take (--wait-limit-s; compute-sanitizer needs minutes)
 std::chrono::milliseconds wait_limit{60'000};
-
-void expect(bool ok, const std::string& what) {
-  std::printf("  [%s] %s\n", ok ? "ok" : "FAIL", what.c_str());
-  if (!ok) ++failures;
-}
 
 struct Case {
   std::string name;
@@ -178,15 +174,8 @@ void run_case(const Case& c, std::uint64_t seed) {
   // the expert path against the CPU executor and fp64, on the GPU's routing
   const std::vector<Routing> routing = {gpu_routing};
   const auto plans = compile_plan(Strategy::Sequential, world, routing, PlanOptions{});
-  const StepRun cpu = run_step(plans, weights, step.inputs);
-  const ErrorStats vs_cpu = compare({runs[0]}, cpu.outputs);
-  const ErrorStats vs_fp64 = compare({runs[0]}, fp64_reference(world, step.inputs, routing, weights));
-  const ErrorStats cpu_vs_fp64 = compare(cpu.outputs, fp64_reference(world, step.inputs, routing, weights));
-  char text[200];
-  std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e (CPU executor: %.2e), vs the CPU executor %.2e",
-                vs_fp64.relative_frobenius, cpu_vs_fp64.relative_frobenius, vs_cpu.relative_frobenius);
-  expect(vs_fp64.finite && vs_fp64.relative_frobenius < 1e-2 && vs_cpu.relative_frobenius < 1e-2,
-         layer.gemm_description() + ": " + text);
+  const gpu_checks::OracleErrors e = gpu_checks::oracle_errors(world, step.inputs, routing, weights, plans, {runs[0]});
+  expect(e.within_tolerance(), layer.gemm_description() + ": " + e.describe());
 
   // the stock-kernel path (separate activation kernel, another rounding point) on the same step
   {
@@ -199,8 +188,10 @@ void run_case(const Case& c, std::uint64_t seed) {
     Matrix out(DType::BF16, c.tokens, c.hidden);
     if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out_bytes, cudaMemcpyDeviceToHost));
     const ErrorStats stock_vs_fp64 = compare({out}, fp64_reference(world, step.inputs, routing, weights));
+    char text[80];
     std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e", stock_vs_fp64.relative_frobenius);
-    expect(stock_vs_fp64.finite && stock_vs_fp64.relative_frobenius < 1e-2, stock.gemm_description() + ": " + text);
+    expect(stock_vs_fp64.finite && stock_vs_fp64.relative_frobenius < gpu_checks::kBf16Tolerance,
+           stock.gemm_description() + ": " + text);
   }
 
   cudaFree(input);
@@ -349,9 +340,7 @@ int main(int argc, char** argv) {
     if (only.empty() || only == nan_case) nan_logits_are_reported();
     if (only.empty() || only == stall_case) stalled_stream_is_a_timeout();
   } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
+    gpu_checks::fail(std::string("unexpected exception: ") + e.what());
   }
-  std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);
-  return failures ? 1 : 0;
+  return gpu_checks::verdict();
 }

@@ -31,6 +31,7 @@
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "kernels/gemm/planned/planned_gemm_probe.hpp"
 #include "tilemoe/error.hpp"
+#include "gpu_checks.hpp"
 #include "sm90_device.hpp"
 
 using namespace tilemoe::cuda;
@@ -46,15 +47,7 @@ using namespace tilemoe::cuda;
 
 namespace {
 
-int g_failures = 0, g_checks = 0;
-
-void expect(bool ok, const std::string& what) {
-  ++g_checks;
-  if (!ok) {
-    ++g_failures;
-    std::printf("  FAIL: %s\n", what.c_str());
-  }
-}
+using tilemoe::gpu_checks::expect;
 
 template <class F>
 void expect_throws(const std::string& what, F&& f) {
@@ -635,6 +628,7 @@ int main(int argc, char** argv) {
   const bool small = argc > 1 && std::strcmp(argv[1], "--small") == 0;
   cudaDeviceProp prop{};
   if (!sm90_device_or_skip(prop, "the planned GEMM")) return 77;
+  tilemoe::gpu_checks::print_failures_only();  // hundreds of checks: a line for each failure
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   try {
@@ -647,10 +641,8 @@ int main(int argc, char** argv) {
     }
     test_bad_input(s);
   } catch (const std::exception& e) {
-    std::printf("FAIL: unexpected exception: %s\n", e.what());
-    ++g_failures;
+    tilemoe::gpu_checks::fail(std::string("unexpected exception: ") + e.what());
   }
   CK(cudaStreamDestroy(s));
-  std::printf("%s: %d of %d checks failed\n", g_failures ? "FAILED" : "PASSED", g_failures, g_checks);
-  return g_failures ? 1 : 0;
+  return tilemoe::gpu_checks::verdict();
 }
