@@ -34,6 +34,11 @@ std::string_view element_type_name(ElementType type);
 // Bytes per element: 8, 4, 2, 2, 8, 4, 2, 1, 1, 1.
 std::size_t element_size(ElementType type);
 
+// A tensor name (or any text) from a file, fit for a message on a terminal: JSON-quoted, so
+// control characters (escape sequences) are escaped and invalid UTF-8 replaced, and cut to a
+// few hundred characters.
+std::string printable_name(std::string_view name);
+
 struct TensorInfo {
   std::string name;
   ElementType type;

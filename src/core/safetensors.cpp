@@ -70,9 +70,13 @@ std::optional<ElementType> element_type_from_name(std::string_view name) {
 }
 
 // A string as a JSON literal: quoted, with control characters escaped and invalid
-// UTF-8 replaced, so that a hostile tensor name cannot garble an error message.
+// UTF-8 replaced, so that a hostile tensor name cannot garble an error message; a name of
+// megabytes is cut (its head tells which tensor it is).
 std::string json_quoted(std::string_view text) {
-  return Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
+  constexpr std::size_t kMaxChars = 200;
+  if (text.size() <= kMaxChars) return Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
+  return Json(std::string(text.substr(0, kMaxChars))).dump(-1, ' ', false, Json::error_handler_t::replace) + "... (" +
+         std::to_string(text.size()) + " bytes)";
 }
 
 // Text from the file for an error message: nlohmann's messages quote the bytes last
@@ -431,6 +435,8 @@ void write_all(int fd, std::span<const std::byte> bytes, const std::string& path
 }
 
 }  // namespace
+
+std::string printable_name(std::string_view name) { return json_quoted(name); }
 
 std::string_view element_type_name(ElementType type) { return traits_of(type).name; }
 

@@ -33,12 +33,22 @@ void StepOptions::add_to(CLI::App& app) {
 
 namespace {
 
-void take_from_file(CLI::Option* option, std::int64_t& value, std::int64_t from_file, const char* what, const std::string& file) {
+// A layer dimension that a file also gives: an explicit option must agree with the file, and so
+// must a file read earlier (`set_by` names it, empty while none has); otherwise the file sets it.
+// Without the second check the weights' hidden size silently won over the inputs', and the
+// references read the inputs past their rows.
+void take_from_file(CLI::Option* option, std::int64_t& value, std::string& set_by, std::int64_t from_file, const char* what,
+                    const std::string& file) {
   if (option->count() > 0 && value != from_file) {
     throw_bad_input("--" + std::string(what) + " " + std::to_string(value) + " disagrees with " + file + " (" +
                     std::to_string(from_file) + "); drop the option or fix the file");
   }
+  if (!set_by.empty() && value != from_file) {
+    throw_bad_input(set_by + " has " + what + " " + std::to_string(value) + " but " + file + " has " + std::to_string(from_file) +
+                    ": --inputs and --weights must describe the same layer; fix one of the files");
+  }
   value = from_file;
+  set_by = file;
 }
 
 }  // namespace
@@ -72,16 +82,17 @@ PreparedStep prepare_step(const StepOptions& options) {
   StepOptions o = options;
   PreparedStep step;
   StepInputs loaded;
+  std::string hidden_from, ffn_from, experts_from;  // the file that set each dimension, if one did
   if (!o.inputs_path.empty()) {
     loaded = load_step_inputs(o.inputs_path, parse_dtype(o.dtype));
-    take_from_file(o.hidden_option, o.hidden, loaded.input.cols, "hidden", o.inputs_path);
-    take_from_file(o.experts_option, o.experts, loaded.experts, "experts", o.inputs_path);
+    take_from_file(o.hidden_option, o.hidden, hidden_from, loaded.input.cols, "hidden", o.inputs_path);
+    take_from_file(o.experts_option, o.experts, experts_from, loaded.experts, "experts", o.inputs_path);
   }
   if (!o.weights_path.empty()) {
     const WeightsShape shape = inspect_weights(o.weights_path);
-    take_from_file(o.hidden_option, o.hidden, shape.hidden, "hidden", o.weights_path);
-    take_from_file(o.ffn_option, o.ffn_hidden, shape.ffn_hidden, "ffn-hidden", o.weights_path);
-    take_from_file(o.experts_option, o.experts, shape.num_experts, "experts", o.weights_path);
+    take_from_file(o.hidden_option, o.hidden, hidden_from, shape.hidden, "hidden", o.weights_path);
+    take_from_file(o.ffn_option, o.ffn_hidden, ffn_from, shape.ffn_hidden, "ffn-hidden", o.weights_path);
+    take_from_file(o.experts_option, o.experts, experts_from, shape.num_experts, "experts", o.weights_path);
   }
   step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
   const MoeConfig& layer = step.world.layer;
