@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@ namespace tilemoe::testing {
 struct Result {
   int code = -1;
   std::string out, err;
+  double seconds = 0.0;
 };
 
 class Cli : public ::testing::Test {
@@ -28,11 +30,16 @@ class Cli : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  Result tilemoe(const std::string& args) {
+  // kill_after_s > 0: a run that hangs is killed then (exit code 137) instead of hanging the
+  // test; seconds says how long it took.
+  Result tilemoe(const std::string& args, int kill_after_s = 0) {
     const std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
-    const std::string command = std::string(TILEMOE_CLI) + " " + args + " >" + out + " 2>" + err;
+    const std::string bound = kill_after_s > 0 ? "timeout -s KILL " + std::to_string(kill_after_s) + " " : "";
+    const std::string command = bound + std::string(TILEMOE_CLI) + " " + args + " >" + out + " 2>" + err;
+    const auto start = std::chrono::steady_clock::now();
     const int status = std::system(command.c_str());
     Result r;
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     r.out = slurp(out);
     r.err = slurp(err);

@@ -162,3 +162,85 @@ TEST_F(BadInput, NonFiniteInputsAndWeightsNameTheTensorAndElement) {
   r = tilemoe("run --dtype fp32" + kLayer + "--weights " + weights + " --inputs " + path("big.safetensors"));
   EXPECT_THAT(r.err, Not(HasSubstr("beyond the largest"))) << "fp32 storage holds 3.4e38";
 }
+
+// Class 8: values CLI11 accepts on its own.
+TEST_F(BadInput, OptionValuesThatCannotMeanAnythingAreRefused) {
+  struct Case {
+    std::string args, message;
+  };
+  const std::vector<Case> cases = {
+      {"run --link-mbps nan", "--link-mbps nan is not a rate"},
+      {"run --link-mbps inf", "--link-mbps inf is not a rate"},
+      {"run --link-mbps -5", "is not a rate"},
+      {"run --seed -1", "'-1' is negative: use 0 or more"},
+      {"run --seed ' -7'", "is negative"},
+      {"validate-plan --seed -1", "is negative"},
+      {"run --tokens-per-rank ''", "has an empty entry"},
+      {"run --tokens-per-rank 8,,8", "has an empty entry"},
+      {"run --tokens-per-rank 8,8,", "has an empty entry"},
+      {"run --tokens-per-rank 8,-1", "-1 tokens is negative"},
+      {"run --tokens-per-rank 8,x", "'x' is not a token count"},
+      {"run --tokens-per-rank 8,99999999999999999999", "is not a token count"},
+  };
+  for (const Case& c : cases) {
+    const Result r = tilemoe(c.args + " --tokens 8 --hidden 16 --ffn-hidden 16", 60);
+    EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.args;
+  }
+  // a seed of 2^64 - 1 written out is still a seed
+  EXPECT_EQ(tilemoe("run --seed 18446744073709551615 --tokens 8 --hidden 16 --ffn-hidden 16").code, 0);
+}
+
+// Class 8: a tensor name from a file reaches the terminal escaped (an escape sequence in a name
+// cleared the screen).
+TEST_F(BadInput, TensorNamesFromFilesAreEscapedInMessages) {
+  const std::vector<float> values(16 * 16, 0.5f);
+  // two layers' experts in one file: the message quotes both prefixes
+  st::write(path("two.safetensors"), {{"\x1b[2J\x1b]0;pwned\x07.experts.0.w1.weight", st::ElementType::F32, {16, 16}, bytes(values)},
+                                      {"m.experts.0.w1.weight", st::ElementType::F32, {16, 16}, bytes(values)}});
+  Result r = tilemoe("run --weights " + path("two.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("expert weights of 2 layers"));
+  EXPECT_THAT(r.err, HasSubstr("\\u001b[2J"));
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find('\x07'), std::string::npos) << r.err;
+  // a matrix of the wrong shape: the message quotes its name
+  st::write(path("shape.safetensors"), {{"\x1b[31m.experts.0.w1.weight", st::ElementType::F32, {16, 16}, bytes(values)},
+                                        {"\x1b[31m.experts.0.w2.weight", st::ElementType::F32, {8, 32}, bytes(values)},
+                                        {"\x1b[31m.experts.0.w3.weight", st::ElementType::F32, {16, 16}, bytes(values)}});
+  r = tilemoe("run --ranks 1 --top-k 1 --weights " + path("shape.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("has shape [8, 32]"));
+  EXPECT_EQ(r.err.find('\x1b'), std::string::npos) << r.err;
+}
+
+// Class 3: waits that ignored --timeout-ms.
+TEST_F(BadInput, EveryWaitEndsWithinTheTimeout) {
+  // the link emulation slept without a deadline: 1e-9 hung, 0.001 returned after ~19 s
+  for (const std::string rate : {"1e-9", "0.001"}) {
+    const Result r = tilemoe("run --tokens 24 --hidden 32 --ffn-hidden 48 --timeout-ms 2000 --link-mbps " + rate, 60);
+    EXPECT_TRUE(r.code == 1 || r.code == 2) << rate << ": " << r.code << "\n" << r.err;
+    EXPECT_LT(r.seconds, 10.0) << rate;
+    EXPECT_THAT(r.err, HasSubstr("--timeout-ms")) << rate;
+  }
+  // a delay past the timeout hung for 71 minutes
+  Result r = tilemoe("run --tokens 8 --hidden 16 --ffn-hidden 16 --delay-us 4294967295", 60);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("lower --delay-us or raise --timeout-ms"));
+  // the timeout overflowed nanoseconds and was then called "not positive"
+  for (const std::string timeout : {"86400001", "9300000000000", "9223372036854775807"}) {
+    r = tilemoe("run --tokens 8 --hidden 16 --ffn-hidden 16 --timeout-ms " + timeout, 60);
+    EXPECT_EQ(r.code, 2) << timeout << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr("is more than a day: use at most 86400000")) << timeout;
+  }
+}
+
+// Class 3: a rank slow in its own compute was reported as "rank 0 waits for rank 0".
+TEST_F(BadInput, ARankSlowInItsOwnWorkIsNotCalledAStalledPeer) {
+  const Result r = tilemoe("run --ranks 1 --experts 8 --tokens 64 --hidden 16 --ffn-hidden 16 --strategy sequential "
+                           "--link-mbps 0 --timeout-ms 100 --delay-us 99000", 60);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("waits for its own work"));
+  EXPECT_THAT(r.err, HasSubstr("raise --timeout-ms"));
+  EXPECT_THAT(r.err, Not(HasSubstr("waits for rank 0")));
+}

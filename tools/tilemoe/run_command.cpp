@@ -1,6 +1,7 @@
 // tilemoe run: one forward MoE step on the CPU engine for each chosen strategy, each checked
 // against the dense reference (bitwise) and an fp64 reference (accuracy).
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -55,6 +56,9 @@ struct StrategyResult {
 // multiply-adds on 2 cores. Beyond this many it is skipped so that large runs stay practical
 // (the bitwise check still runs).
 constexpr double kMaxFp64Work = 1.6e10;
+
+// The longest --timeout-ms: a day.
+constexpr std::int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;
 
 // The rows the routing keeps, over all ranks.
 std::int64_t routed_rows(const std::vector<Routing>& routing) {
@@ -161,6 +165,21 @@ int run(const RunOptions& options) {
     throw_bad_input("unknown backend '" + options.backend + "': use cpu or cuda");
   }
   if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
+  // Beyond a day a wait is no longer bounded in any useful sense, and far beyond it the
+  // conversion to nanoseconds overflows.
+  if (options.timeout_ms > kMaxTimeoutMs) {
+    throw_bad_input("--timeout-ms " + std::to_string(options.timeout_ms) + " is more than a day: use at most " +
+                    std::to_string(kMaxTimeoutMs));
+  }
+  for (const auto& [name, rate] : {std::pair{"--link-mbps", options.link_mbps}, std::pair{"--link-gbps", options.link_gbps}}) {
+    if (!std::isfinite(rate) || rate < 0.0) {
+      throw_bad_input(std::string(name) + " " + std::to_string(rate) + " is not a rate: use 0 (unlimited) or a positive number");
+    }
+  }
+  if (static_cast<std::int64_t>(options.delay_us) >= options.timeout_ms * 1000) {
+    throw_bad_input("--delay-us " + std::to_string(options.delay_us) + " is not shorter than --timeout-ms " +
+                    std::to_string(options.timeout_ms) + ": every wait could expire by design; lower --delay-us or raise --timeout-ms");
+  }
   if (options.backend == "cpu" &&
       (options.link_gbps != 0.0 || options.dispatch != "device" || options.transport != "virtual" || options.sms_per_rank != 0 ||
        options.silent_rank != -1)) {

@@ -5,11 +5,22 @@
 
 namespace tilemoe::cli {
 
+// CLI11 reads "-1" into an unsigned option as 2^64 - 1 (strtoull wraps it): a seed of -1
+// became 18446744073709551615 without a word.
+const CLI::Validator kNotNegative(
+    [](std::string& text) -> std::string {
+      const std::size_t first = text.find_first_not_of(" \t");
+      if (first != std::string::npos && text[first] == '-') return "'" + text + "' is negative: use 0 or more";
+      return {};
+    },
+    "NOT NEGATIVE");
+
 void StepOptions::add_to(CLI::App& app) {
   app.add_option("--ranks", ranks, "expert-parallel world size W (ranks are threads on the CPU)")->capture_default_str();
   tokens_option = app.add_option("--tokens", tokens, "tokens on every rank")->capture_default_str();
-  app.add_option("--tokens-per-rank", tokens_per_rank, "tokens of each rank, e.g. 128,0,7,64 (overrides --tokens and --ranks)")
-      ->delimiter(',');
+  // Read as text and split here: CLI11's delimiter drops empty entries, so "" became one rank of
+  // no tokens and "8,,8" two ranks.
+  tokens_per_rank_option = app.add_option("--tokens-per-rank", tokens_per_rank_text, "tokens of each rank, e.g. 128,0,7,64 (overrides --tokens and --ranks)");
   hidden_option = app.add_option("--hidden", hidden, "model width (multiple of 8)")->capture_default_str();
   ffn_option = app.add_option("--ffn-hidden", ffn_hidden, "expert inner width (multiple of 8)")->capture_default_str();
   experts_option = app.add_option("--experts", experts, "number of experts E (divisible by --ranks)")->capture_default_str();
@@ -19,7 +30,7 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
   app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32)")->capture_default_str();
   app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
-  app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str();
+  app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str()->check(kNotNegative);
   app.add_option("--inputs", inputs_path, "safetensors file with 'input' [T, hidden] and 'router_logits' [T, E]");
   app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight (Hugging Face names)");
   app.add_option("--tile-m", plan.tile_m, "GEMM tile rows")->capture_default_str();
@@ -32,6 +43,35 @@ void StepOptions::add_to(CLI::App& app) {
 }
 
 namespace {
+
+// "128,0,7,64": one non-negative count per rank, every entry present.
+std::vector<std::int64_t> parse_token_counts(const std::string& text) {
+  const std::string usage = "--tokens-per-rank '" + text + "'";
+  std::vector<std::int64_t> counts;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    std::string entry = text.substr(begin, end - begin);
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
+    if (entry.empty()) throw_bad_input(usage + " has an empty entry: give one count per rank, e.g. 128,0,7,64");
+    std::size_t used = 0;
+    long long count = -1;
+    try {
+      count = std::stoll(entry, &used, 10);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != entry.size() || entry[0] == '+') {
+      throw_bad_input(usage + ": '" + entry + "' is not a token count; give one count per rank, e.g. 128,0,7,64");
+    }
+    if (count < 0) throw_bad_input(usage + ": " + entry + " tokens is negative: use 0 or more");
+    counts.push_back(count);
+    if (end == text.size()) break;
+    begin = end + 1;
+  }
+  return counts;
+}
 
 // A layer dimension that a file also gives: an explicit option must agree with the file, and so
 // must a file read earlier (`set_by` names it, empty while none has); otherwise the file sets it.
@@ -56,8 +96,8 @@ void take_from_file(CLI::Option* option, std::int64_t& value, std::string& set_b
 EpWorld world_from_options(const StepOptions& o, std::int64_t file_tokens) {
   EpWorld world;
   if (o.ranks < 1) throw_bad_input("--ranks " + std::to_string(o.ranks) + ": use 1 or more");
-  if (!o.tokens_per_rank.empty()) {
-    world.tokens_per_rank = o.tokens_per_rank;
+  if (o.tokens_per_rank_given()) {
+    world.tokens_per_rank = parse_token_counts(o.tokens_per_rank_text);
   } else if (file_tokens >= 0) {
     world.tokens_per_rank = split_tokens_evenly(file_tokens, o.ranks);
   } else {

@@ -16,10 +16,15 @@
 
 namespace tilemoe::cli {
 
+// Option checks shared by the subcommands (CLI11 accepts these values on its own).
+extern const CLI::Validator kNotNegative;       // for unsigned options: "-1" is refused, not wrapped
+
 struct StepOptions {
   int ranks = 4;
   std::int64_t tokens = 128;  // per rank, unless tokens_per_rank is given
-  std::vector<std::int64_t> tokens_per_rank;
+  std::string tokens_per_rank_text;  // "128,0,7,64", split and checked by world_from_options
+  CLI::Option* tokens_per_rank_option = nullptr;
+  bool tokens_per_rank_given() const { return tokens_per_rank_option != nullptr && tokens_per_rank_option->count() > 0; }
   std::int64_t hidden = 256, ffn_hidden = 896, experts = 8, top_k = 2;  // Mixtral's proportions, small
   std::string activation = "swiglu";
   bool renormalize = false;
