@@ -1,6 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -126,17 +127,25 @@ TEST(ShmTransport, ALinkSendLongerThanTheWaitBoundIsRefusedAtOnce) {
     }
     EXPECT_LT(std::chrono::steady_clock::now() - start, 50ms);
   }
-  // sends queued on one link add up: the third 40 ms send would end 120 ms from now
+  // sends queued on one link add up: of two 90 ms sends started together, the second would end
+  // 180 ms from now, past the bound
   cpu::ShmTransport t(2, 100ms);
   t.set_link_rate(1e6);
-  const int buffer = t.alloc_symmetric(40000);
-  std::vector<char> bytes(40000, 1);
-  std::thread first([&] { t.put(0, 1, buffer, 0, bytes.data(), bytes.size()); });
-  std::thread second([&] { t.put(0, 1, buffer, 0, bytes.data(), bytes.size()); });
-  std::this_thread::sleep_for(5ms);
-  EXPECT_THROW(t.put(0, 1, buffer, 0, bytes.data(), bytes.size()), Error);
+  const int buffer = t.alloc_symmetric(90000);
+  std::vector<char> bytes(90000, 1);
+  std::atomic<int> refused{0};
+  auto send = [&] {
+    try {
+      t.put(0, 1, buffer, 0, bytes.data(), bytes.size());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+      ++refused;
+    }
+  };
+  std::thread first(send), second(send);
   first.join();
   second.join();
+  EXPECT_EQ(refused.load(), 1);
 }
 
 TEST(ShmTransport, ALinkSleepEndsWhenTheStepAborts) {
