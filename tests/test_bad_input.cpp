@@ -12,6 +12,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include "cli_fixture.hpp"
 #include "tilemoe/safetensors.hpp"
 
@@ -243,4 +246,55 @@ TEST_F(BadInput, ARankSlowInItsOwnWorkIsNotCalledAStalledPeer) {
   EXPECT_THAT(r.err, HasSubstr("waits for its own work"));
   EXPECT_THAT(r.err, HasSubstr("raise --timeout-ms"));
   EXPECT_THAT(r.err, Not(HasSubstr("waits for rank 0")));
+}
+
+// Class 4: the trace was written before the step was checked, so a failed run left it behind.
+TEST_F(BadInput, AFailedRunLeavesNeitherOutputNorTrace) {
+  // finite fp32 inputs whose expert outputs overflow: every strategy agrees, the output is not
+  // finite, the run fails (exit 1) after the step
+  const std::string inputs = write_inputs("huge.safetensors", 16, [](std::vector<float>& x) {
+    for (float& v : x) v = 3e38f;
+  });
+  const Result r = tilemoe("run --dtype fp32" + kLayer + "--ffn-hidden 16 --inputs " + inputs + " --output " + path("out.safetensors") +
+                           " --trace " + path("trace.json"));
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_FALSE(fs::exists(path("out.safetensors")));
+  EXPECT_FALSE(fs::exists(path("trace.json")));
+  for (const auto& entry : fs::directory_iterator(dir_)) EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".tmp")));
+}
+
+// Class 4: --output and --trace could name one file; --output could name a device node or a
+// FIFO, which the rename replaced by a regular file.
+TEST_F(BadInput, OutputAndTracePathsThatCannotTakeAFileAreRefusedBeforeTheStep) {
+  const std::string run = "run --tokens 8 --hidden 16 --ffn-hidden 16 ";
+  Result r = tilemoe(run + "--output " + path("same") + " --trace " + dir_.string() + "/./same");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("name the same file"));
+  EXPECT_FALSE(fs::exists(path("same")));
+
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0644), 0);
+  r = tilemoe(run + "--output " + path("fifo"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("is a FIFO, not a regular file"));
+  EXPECT_TRUE(fs::is_fifo(path("fifo")));
+
+  fs::create_directory(path("directory"));
+  r = tilemoe(run + "--trace " + path("directory"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("is a directory, not a regular file"));
+
+  // a device node of our own, not /dev/null: were the check ever lost, a run as root would
+  // replace the node it names
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::mknod(path("null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0);
+    r = tilemoe(run + "--output " + path("null"));
+    EXPECT_EQ(r.code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("is a character device, not a regular file"));
+    EXPECT_TRUE(fs::is_character_file(path("null")));
+  }
+
+  r = tilemoe(run + "--output " + path("absent/out.safetensors"));
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("does not exist"));
+  EXPECT_THAT(r.out, Not(HasSubstr("sequential"))) << "refused before the step ran";
 }

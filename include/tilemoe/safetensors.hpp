@@ -25,6 +25,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tilemoe/staged_file.hpp"
+
 namespace tilemoe::safetensors {
 
 enum class ElementType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
@@ -92,18 +94,21 @@ struct TensorToWrite {
   std::span<const std::byte> data;  // the raw little-endian bytes, row-major
 };
 
-// Writes a safetensors file atomically: everything goes to `path + ".tmp.<pid>"`, which
-// is flushed to disk and then renamed onto `path`. On any failure the temporary is
-// removed and `path` is left as it was (absent, or the old file untouched).
+// Writes a safetensors file atomically: everything goes to a temporary next to `path`
+// (StagedFile), which is flushed to disk and then renamed onto `path`. On any failure the
+// temporary is removed and `path` is left as it was (absent, or the old file untouched); a
+// `path` that exists but is not a regular file (a device node) is refused, never replaced.
 // The header's JSON keys are sorted, the header is padded with spaces to a multiple of
 // 8 bytes as the reference implementation does (so the data section starts 8-aligned),
 // and the data follows in the given order, without holes.
 // Bad input: a data size other than elements * element_size, a negative dim, an empty
 // name, a name given twice or named "__metadata__", a name or metadata string that is
 // not valid UTF-8, and any I/O failure (each message names the path).
-// Two threads of one process must not write the same path at the same time (they would
-// share the temporary).
 void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
            const std::map<std::string, std::string>& metadata = {});
+// The same file, written and flushed under its temporary name but not yet renamed onto `path`:
+// for a caller that commits it together with other files, once all of them are written.
+StagedFile stage(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                 const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace tilemoe::safetensors

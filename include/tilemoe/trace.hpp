@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tilemoe/plan.hpp"
+#include "tilemoe/staged_file.hpp"
 
 namespace tilemoe {
 
@@ -42,6 +43,9 @@ struct TracedStep {
 // a span per task, and a flow arrow from each tile whose ready flag a segment waits for to
 // that segment. Steps are laid one after another on the time axis. Written atomically.
 void write_trace(const std::string& path, const std::vector<TracedStep>& steps);
+// The same, written and flushed under a temporary name, for the caller to commit() together
+// with the step's other files once all are written.
+StagedFile stage_trace(const std::string& path, const std::vector<TracedStep>& steps);
 
 // A span measured on a GPU (%globaltimer ns): the GPU executors' traces. `track` names what
 // ran ("GEMM1 tiles", "consumer"), `lane` which of its CTAs (a trace thread per track and

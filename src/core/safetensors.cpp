@@ -398,37 +398,6 @@ class FileDescriptor {
   int fd_;
 };
 
-// Removes the temporary file unless the write committed it by renaming it.
-class TemporaryFileRemover {
- public:
-  explicit TemporaryFileRemover(std::string path) : path_(std::move(path)) {}
-  TemporaryFileRemover(const TemporaryFileRemover&) = delete;
-  TemporaryFileRemover& operator=(const TemporaryFileRemover&) = delete;
-  ~TemporaryFileRemover() {
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  bool committed_ = false;
-};
-
-void write_all(int fd, std::span<const std::byte> bytes, const std::string& path,
-               const std::string& temporary_path) {
-  // write() may write less than asked (and at most about 2 GiB per call on Linux).
-  constexpr std::size_t kMaxChunk = std::size_t{1} << 30;
-  while (!bytes.empty()) {
-    const ssize_t written = ::write(fd, bytes.data(), std::min(bytes.size(), kMaxChunk));
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      throw_bad_input(path + ": cannot write the temporary file " + temporary_path + ": " +
-                      errno_text(errno));
-    }
-    bytes = bytes.subspan(static_cast<std::size_t>(written));
-  }
-}
-
 [[noreturn]] void fail_tensor_to_write(const std::string& path, const std::string& name,
                                        const std::string& what) {
   throw_bad_input(path + ": tensor " + json_quoted(name) + ": " + what);
@@ -578,8 +547,8 @@ std::vector<float> File::read_f32(const TensorInfo& info) const {
 
 const std::string& File::source_name() const { return source_name_; }
 
-void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
-           const std::map<std::string, std::string>& metadata) {
+StagedFile stage(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                 const std::map<std::string, std::string>& metadata) {
   // Validate everything and build the header before touching the file system, so that
   // bad input never creates even the temporary.
   Json header = Json::object();
@@ -635,33 +604,16 @@ void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
   prefix_and_header.insert(prefix_and_header.end(), header_begin,
                            header_begin + header_text.size());
 
-  const std::string temporary_path = path + ".tmp." + std::to_string(::getpid());
-  const int raw_fd = ::open(temporary_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (raw_fd < 0) {
-    throw_bad_input(path + ": cannot create the temporary file " + temporary_path + ": " +
-                    errno_text(errno));
-  }
-  FileDescriptor fd(raw_fd);
-  TemporaryFileRemover remover(temporary_path);
+  StagedFile file(path);
+  file.write(prefix_and_header);
+  for (const TensorToWrite& tensor : tensors) file.write(tensor.data);
+  file.finish();
+  return file;
+}
 
-  write_all(fd.get(), prefix_and_header, path, temporary_path);
-  for (const TensorToWrite& tensor : tensors)
-    write_all(fd.get(), tensor.data, path, temporary_path);
-  // Flush before the rename: otherwise a crash soon after could leave `path` naming a
-  // file whose blocks never reached the disk.
-  if (::fsync(fd.get()) != 0) {
-    throw_bad_input(path + ": cannot flush the temporary file " + temporary_path + ": " +
-                    errno_text(errno));
-  }
-  if (fd.close() != 0) {
-    throw_bad_input(path + ": cannot close the temporary file " + temporary_path + ": " +
-                    errno_text(errno));
-  }
-  if (::rename(temporary_path.c_str(), path.c_str()) != 0) {
-    throw_bad_input(path + ": cannot rename the temporary file " + temporary_path +
-                    " onto it: " + errno_text(errno));
-  }
-  remover.commit();
+void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
+           const std::map<std::string, std::string>& metadata) {
+  stage(path, tensors, metadata).commit();
 }
 
 }  // namespace tilemoe::safetensors

@@ -169,7 +169,9 @@ std::vector<std::vector<float>> split_logits_by_rank(const std::vector<float>& l
   return parts;
 }
 
-void write_step_output(const std::string& path, const std::vector<Matrix>& outputs) {
+void write_step_output(const std::string& path, const std::vector<Matrix>& outputs) { stage_step_output(path, outputs).commit(); }
+
+StagedFile stage_step_output(const std::string& path, const std::vector<Matrix>& outputs) {
   if (outputs.empty()) throw_internal("no outputs to write");
   std::int64_t rows = 0;
   for (const Matrix& m : outputs) rows += m.rows;
@@ -180,7 +182,7 @@ void write_step_output(const std::string& path, const std::vector<Matrix>& outpu
     at += m.data.size();
   }
   const auto type = all.dtype == DType::F32 ? safetensors::ElementType::F32 : safetensors::ElementType::BF16;
-  safetensors::write(path, {{"output", type, {all.rows, all.cols}, all.data}});
+  return safetensors::stage(path, {{"output", type, {all.rows, all.cols}, all.data}});
 }
 
 }  // namespace tilemoe

@@ -45,26 +45,15 @@ std::int64_t intersection(const std::vector<Interval>& a, const std::vector<Inte
   return n;
 }
 
-// Writes {"traceEvents": events} to `path` through a temporary file, so a failure leaves
-// nothing half-written there.
-void write_trace_events(const std::string& path, const nlohmann::json& events) {
+// {"traceEvents": events} staged for `path` (written and flushed under a temporary name), so a
+// failure leaves nothing half-written there.
+StagedFile stage_trace_events(const std::string& path, const nlohmann::json& events) {
   const nlohmann::json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw_bad_input("cannot write the trace to '" + path + "': check the directory exists and is writable");
-    out << doc.dump();
-    if (!out.flush()) {
-      std::remove(temporary.c_str());
-      throw_bad_input("writing the trace to '" + path + "' failed");
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw_bad_input("cannot write the trace to '" + path + "': " + error.message());
-  }
+  check_output_target(path, "the trace");
+  StagedFile file(path);
+  file.write(doc.dump());
+  file.finish();
+  return file;
 }
 
 bool is_remote_segment(const StepPlan& plan, TaskRef task) {
@@ -101,7 +90,9 @@ StepStats summarize(const std::vector<StepPlan>& plans, const std::vector<TaskRe
   return stats;
 }
 
-void write_trace(const std::string& path, const std::vector<TracedStep>& steps) {
+void write_trace(const std::string& path, const std::vector<TracedStep>& steps) { stage_trace(path, steps).commit(); }
+
+StagedFile stage_trace(const std::string& path, const std::vector<TracedStep>& steps) {
   using nlohmann::json;
   json events = json::array();
   double offset_us = 0.0;  // each step starts where the previous one ended, plus a gap
@@ -172,7 +163,7 @@ void write_trace(const std::string& path, const std::vector<TracedStep>& steps) 
     offset_us = ts(end_ns) + 100.0;
     pid_base += static_cast<int>(plans.size());
   }
-  write_trace_events(path, events);
+  return stage_trace_events(path, events);
 }
 
 double hidden_share(const std::vector<DeviceSpan>& spans, const std::string& compute_track, const std::string& comm_track) {
@@ -215,7 +206,7 @@ void write_device_trace(const std::string& path, const std::string& label, const
     events.push_back({{"ph", "X"}, {"name", s.label}, {"cat", s.remote ? "remote" : "local"}, {"pid", s.rank},
                       {"tid", tracks[s.rank][{s.track, s.lane}]}, {"ts", start_us}, {"dur", std::max(0.001, dur_us)}});
   }
-  write_trace_events(path, events);
+  stage_trace_events(path, events).commit();
 }
 
 }  // namespace tilemoe

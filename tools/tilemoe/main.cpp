@@ -10,11 +10,13 @@
 #include "tilemoe/cuda/module_loading.hpp"
 #endif
 #include "tilemoe/error.hpp"
+#include "tilemoe/staged_file.hpp"
 
 int main(int argc, char** argv) {
 #ifdef TILEMOE_WITH_CUDA
   tilemoe::cuda::prepare_cuda_environment();  // before any CUDA call: virtual ranks need it
 #endif
+  tilemoe::remove_staged_files_on_interrupt();  // an interrupted run leaves no temporary behind
   CLI::App app{"tilemoe: expert-parallel MoE layers with compute/communication overlap"};
   app.require_subcommand(1);
   int exit_code = 0;

@@ -186,6 +186,14 @@ int run(const RunOptions& options) {
     throw_bad_input("--transport, --dispatch, --sms-per-rank, --link-gbps and --silent-rank are options of --backend cuda; the CPU "
                     "engine's link is --link-mbps");
   }
+  // The files are written only at the end: a path that cannot take them is refused now,
+  // before the step runs, not after.
+  if (!options.output_path.empty()) check_output_target(options.output_path, "--output");
+  if (!options.trace_path.empty()) check_output_target(options.trace_path, "--trace");
+  if (!options.output_path.empty() && !options.trace_path.empty() && same_output_target(options.output_path, options.trace_path)) {
+    throw_bad_input("--output " + options.output_path + " and --trace " + options.trace_path +
+                    " name the same file: give them different paths");
+  }
   const PreparedStep step = prepare_step(options.step);
   if (options.backend == "cuda") return run_cuda(options, step);
   std::vector<Strategy> strategies;
@@ -270,17 +278,21 @@ int run(const RunOptions& options) {
     }
   }
 
+  if (!all_equal) {
+    std::fprintf(stderr, "tilemoe: a strategy's output differs from the dense reference; nothing written to --output or --trace\n");
+    return 1;
+  }
+  // Both files are staged (written whole under temporary names) before either is renamed into
+  // place, so that a failure to write one leaves neither.
+  std::vector<StagedFile> staged;
+  if (!options.output_path.empty()) staged.push_back(stage_step_output(options.output_path, results.front().run.outputs));
   if (!options.trace_path.empty()) {
     std::vector<TracedStep> traced;
     for (const StrategyResult& r : results) traced.push_back({std::string(strategy_name(r.strategy)), &r.plans, &r.run.records});
-    write_trace(options.trace_path, traced);
-    if (!options.json) std::printf("trace: %s (open in https://ui.perfetto.dev)\n", options.trace_path.c_str());
+    staged.push_back(stage_trace(options.trace_path, traced));
   }
-  if (!all_equal) {
-    std::fprintf(stderr, "tilemoe: a strategy's output differs from the dense reference; nothing written to --output\n");
-    return 1;
-  }
-  if (!options.output_path.empty()) write_step_output(options.output_path, results.front().run.outputs);
+  for (StagedFile& file : staged) file.commit();
+  if (!options.trace_path.empty() && !options.json) std::printf("trace: %s (open in https://ui.perfetto.dev)\n", options.trace_path.c_str());
   return 0;
 }
 
