@@ -251,13 +251,14 @@ TEST_F(BadInput, ARankSlowInItsOwnWorkIsNotCalledAStalledPeer) {
 // Class 4: the trace was written before the step was checked, so a failed run left it behind.
 TEST_F(BadInput, AFailedRunLeavesNeitherOutputNorTrace) {
   // finite fp32 inputs whose expert outputs overflow: every strategy agrees, the output is not
-  // finite, the run fails (exit 1) after the step
+  // finite, the run fails after the step (bad input: exit 2, saying so)
   const std::string inputs = write_inputs("huge.safetensors", 16, [](std::vector<float>& x) {
     for (float& v : x) v = 3e38f;
   });
   const Result r = tilemoe("run --dtype fp32" + kLayer + "--ffn-hidden 16 --inputs " + inputs + " --output " + path("out.safetensors") +
                            " --trace " + path("trace.json"));
-  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("overflow fp32 in the expert FFN"));
   EXPECT_FALSE(fs::exists(path("out.safetensors")));
   EXPECT_FALSE(fs::exists(path("trace.json")));
   for (const auto& entry : fs::directory_iterator(dir_)) EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".tmp")));

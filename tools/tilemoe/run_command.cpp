@@ -278,6 +278,15 @@ int run(const RunOptions& options) {
     }
   }
 
+  bool all_bitwise = true;
+  for (const StrategyResult& r : results) all_bitwise = all_bitwise && r.bitwise;
+  if (all_bitwise && !all_equal) {
+    // Every strategy computed what the reference computed: finite inputs and weights (the
+    // loaders refuse others) whose products overflow fp32. The data's fault, not tilemoe's.
+    throw_bad_input("every strategy equals the dense reference bit for bit, but the output holds NaN or Inf: the inputs or "
+                    "weights are too large and overflow fp32 in the expert FFN; scale them down. Nothing written to --output "
+                    "or --trace");
+  }
   if (!all_equal) {
     std::fprintf(stderr, "tilemoe: a strategy's output differs from the dense reference; nothing written to --output or --trace\n");
     return 1;
