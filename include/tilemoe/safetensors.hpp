@@ -15,8 +15,8 @@
 // dtype/shape/data_offsets in a tensor entry, an empty tensor name, and a shape whose
 // non-zero dims multiply past int64 (rejected even when another dim is 0, so that
 // strides computed from the shape cannot overflow). It is more lenient in one: tensors
-// need not be contiguous, holes between them and after the last one are tolerated
-// (overlaps are not).
+// need not be contiguous, holes between them are tolerated (overlaps are not). Bytes after
+// the last tensor are refused, as the reference implementation refuses them.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -53,7 +53,8 @@ struct TensorInfo {
 
 class File {
  public:
-  // Reads the whole file into memory and parses it; errors name the path.
+  // Reads and checks the header first (its length against the file's size, every tensor's
+  // range, nothing after the last tensor), then the data section; errors name the path.
   static File open(const std::string& path);
   // Parses bytes already in memory; source_name stands for them in error messages.
   static File parse(std::vector<std::byte> bytes, std::string source_name);

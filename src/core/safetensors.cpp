@@ -197,6 +197,7 @@ class HeaderParser {
       return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
     });
     check_no_overlaps(tensors);
+    check_nothing_after_the_last_tensor(tensors);
   }
 
  private:
@@ -372,9 +373,55 @@ class HeaderParser {
     }
   }
 
+  // Bytes after the last tensor belong to nothing: a file cut short and padded, or two files
+  // joined; the reference implementation refuses them too.
+  void check_nothing_after_the_last_tensor(const std::vector<TensorInfo>& tensors) const {
+    std::uint64_t end = 0;
+    for (const TensorInfo& tensor : tensors) end = std::max(end, tensor.end);
+    if (end < data_section_bytes_) {
+      fail("the data section has " + std::to_string(data_section_bytes_ - end) + " bytes after the last tensor's data (which " +
+           "ends at byte " + std::to_string(end) + " of " + std::to_string(data_section_bytes_) +
+           "): the file is damaged or joined with another; save it again");
+    }
+  }
+
   const std::string& source_name_;
   std::uint64_t data_section_bytes_;
 };
+
+// The header length that the first 8 bytes of a file of `file_bytes` bytes give, checked
+// against the limit and the file's size before any of the rest is read.
+std::uint64_t checked_header_length(std::span<const std::byte> prefix, std::uint64_t file_bytes, const std::string& source) {
+  if (file_bytes < kLengthPrefixBytes || prefix.size() < kLengthPrefixBytes) {
+    throw_bad_input(source + ": file is " + std::to_string(file_bytes) + " bytes, shorter than the 8-byte header length");
+  }
+  const std::uint64_t header_bytes = load_u64_le(prefix.data());
+  if (header_bytes > kMaxHeaderBytes) {
+    throw_bad_input(source + ": header length " + std::to_string(header_bytes) + " is larger than the limit of 100 MiB");
+  }
+  const std::uint64_t bytes_after_prefix = file_bytes - kLengthPrefixBytes;
+  if (header_bytes > bytes_after_prefix) {
+    throw_bad_input(source + ": header length " + std::to_string(header_bytes) + " is larger than the " +
+                    std::to_string(bytes_after_prefix) + " bytes that follow it");
+  }
+  return header_bytes;
+}
+
+// Reads exactly `out.size()` bytes at the descriptor's position.
+void read_exactly(int fd, std::span<std::byte> out, const std::string& path, std::uint64_t file_bytes) {
+  std::size_t filled = 0;
+  while (filled < out.size()) {
+    const ssize_t got = ::read(fd, out.data() + filled, out.size() - filled);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw_bad_input(path + ": cannot read: " + errno_text(errno));
+    }
+    if (got == 0) {
+      throw_bad_input(path + ": file shrank while being read (it was " + std::to_string(file_bytes) + " bytes)");
+    }
+    filled += static_cast<std::size_t>(got);
+  }
+}
 
 // Owns a file descriptor.
 class FileDescriptor {
@@ -432,21 +479,31 @@ File File::open(const std::string& path) {
   }
   if (!S_ISREG(status.st_mode)) throw_bad_input(path + ": is not a regular file");
 
-  std::vector<std::byte> bytes(static_cast<std::size_t>(status.st_size));
-  std::size_t filled = 0;
-  while (filled < bytes.size()) {
-    const ssize_t got = ::read(fd.get(), bytes.data() + filled, bytes.size() - filled);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw_bad_input(path + ": cannot read: " + errno_text(errno));
-    }
-    if (got == 0) {
-      throw_bad_input(path + ": file shrank while being read (from " +
-                      std::to_string(bytes.size()) + " to " + std::to_string(filled) + " bytes)");
-    }
-    filled += static_cast<std::size_t>(got);
-  }
-  return parse(std::move(bytes), path);
+  // The header first, checked whole against the file's size, before the data section is read:
+  // a huge file with a small valid header used to be read into memory entirely first.
+  const auto file_bytes = static_cast<std::uint64_t>(status.st_size);
+  std::array<std::byte, kLengthPrefixBytes> prefix{};
+  read_exactly(fd.get(), std::span<std::byte>(prefix).first(static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, kLengthPrefixBytes))),
+               path, file_bytes);
+  const std::uint64_t header_bytes = checked_header_length(prefix, file_bytes, path);
+  File file;
+  file.source_name_ = path;
+  file.data_start_ = kLengthPrefixBytes + static_cast<std::size_t>(header_bytes);
+  std::vector<std::byte> header(static_cast<std::size_t>(header_bytes));
+  read_exactly(fd.get(), header, path, file_bytes);
+  const std::string_view header_text(reinterpret_cast<const char*>(header.data()), header.size());
+  HeaderParser(file.source_name_, file_bytes - file.data_start_).parse(header_text, file.tensors_, file.metadata_);
+  for (std::size_t i = 0; i < file.tensors_.size(); ++i) file.index_by_name_.emplace(file.tensors_[i].name, i);
+
+  // Only now, with every tensor's range checked and nothing after the last, the data. The
+  // prefix and header stay in front of it so that offsets match File::parse's layout.
+  if (file_bytes > std::numeric_limits<std::size_t>::max()) throw_bad_input(path + ": file is too large to read");
+  file.file_bytes_.resize(static_cast<std::size_t>(file_bytes));
+  std::copy(prefix.begin(), prefix.end(), file.file_bytes_.begin());
+  std::copy(header.begin(), header.end(), file.file_bytes_.begin() + kLengthPrefixBytes);
+  header = {};
+  read_exactly(fd.get(), std::span<std::byte>(file.file_bytes_).subspan(file.data_start_), path, file_bytes);
+  return file;
 }
 
 File File::parse(std::vector<std::byte> bytes, std::string source_name) {
@@ -456,21 +513,7 @@ File File::parse(std::vector<std::byte> bytes, std::string source_name) {
   const std::string& source = file.source_name_;
   const std::vector<std::byte>& all = file.file_bytes_;
 
-  if (all.size() < kLengthPrefixBytes) {
-    throw_bad_input(source + ": file is " + std::to_string(all.size()) +
-                    " bytes, shorter than the 8-byte header length");
-  }
-  const std::uint64_t header_bytes = load_u64_le(all.data());
-  if (header_bytes > kMaxHeaderBytes) {
-    throw_bad_input(source + ": header length " + std::to_string(header_bytes) +
-                    " is larger than the limit of 100 MiB");
-  }
-  const std::size_t bytes_after_prefix = all.size() - kLengthPrefixBytes;
-  if (header_bytes > bytes_after_prefix) {
-    throw_bad_input(source + ": header length " + std::to_string(header_bytes) +
-                    " is larger than the " + std::to_string(bytes_after_prefix) +
-                    " bytes that follow it");
-  }
+  const std::uint64_t header_bytes = checked_header_length(all, all.size(), source);
   file.data_start_ = kLengthPrefixBytes + static_cast<std::size_t>(header_bytes);
   const std::string_view header_text(reinterpret_cast<const char*>(all.data() + kLengthPrefixBytes),
                                      static_cast<std::size_t>(header_bytes));
