@@ -299,3 +299,29 @@ TEST_F(BadInput, OutputAndTracePathsThatCannotTakeAFileAreRefusedBeforeTheStep) 
   EXPECT_THAT(r.err, HasSubstr("does not exist"));
   EXPECT_THAT(r.out, Not(HasSubstr("sequential"))) << "refused before the step ran";
 }
+
+// Class 5: sizes whose buffers cannot exist ended as exit 1 "internal error: std::bad_alloc";
+// sizes that fit each allocation but not the machine grew until the kernel killed the process.
+TEST_F(BadInput, AStepThatCannotFitIsRefusedWithTheSizeItNeeds) {
+  Result r = tilemoe("run --tokens 1000000000000 --hidden 8 --ffn-hidden 8", 60);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("this step needs about"));
+  EXPECT_THAT(r.err, HasSubstr("more than the memory available on this machine"));
+  EXPECT_THAT(r.err, Not(HasSubstr("internal error")));
+  EXPECT_LT(r.seconds, 20.0);
+
+  // the default step needs some tens of MiB: refused under 1 MiB, with the parts named
+  r = tilemoe("run --max-memory 1M", 60);
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("more than --max-memory (1.0 MiB)"));
+  EXPECT_THAT(r.err, HasSubstr("expert weights 21.0 MiB"));  // 8 experts x 3 x 256 x 896 fp32
+  EXPECT_THAT(r.out, Not(HasSubstr("sequential"))) << "refused before the step ran";
+  r = tilemoe("run --tokens 16 --hidden 16 --ffn-hidden 16 --max-memory 1G", 60);
+  EXPECT_EQ(r.code, 0) << r.err;
+
+  for (const std::string bad : {"abc", "-1G", "0", "12Q", "nan", "1e30G"}) {
+    r = tilemoe("run --tokens 8 --hidden 16 --ffn-hidden 16 --max-memory " + bad, 60);
+    EXPECT_EQ(r.code, 2) << bad << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--max-memory '" + bad + "'")) << bad;
+  }
+}

@@ -1,5 +1,6 @@
 // tilemoe run: one forward MoE step on the CPU engine for each chosen strategy, each checked
 // against the dense reference (bitwise) and an fp64 reference (accuracy).
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -194,14 +195,18 @@ int run(const RunOptions& options) {
     throw_bad_input("--output " + options.output_path + " and --trace " + options.trace_path +
                     " name the same file: give them different paths");
   }
-  const PreparedStep step = prepare_step(options.step);
-  if (options.backend == "cuda") return run_cuda(options, step);
   std::vector<Strategy> strategies;
-  if (options.strategy == "all") {
-    strategies = {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet};
-  } else {
-    strategies = {parse_strategy(options.strategy)};
+  if (options.backend == "cpu") {
+    if (options.strategy == "all") {
+      strategies = {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet};
+    } else {
+      strategies = {parse_strategy(options.strategy)};
+    }
   }
+  StepOptions step_options = options.step;
+  step_options.strategies = std::max<int>(1, static_cast<int>(strategies.size()));
+  const PreparedStep step = prepare_step(step_options);
+  if (options.backend == "cuda") return run_cuda(options, step);
 
   const std::vector<Matrix> dense = dense_reference(step.world, step.inputs, step.routing, step.weights);
   const MoeConfig& layer = step.world.layer;

@@ -1,6 +1,9 @@
 #include "step_options.hpp"
 
+#include <filesystem>
+
 #include "tilemoe/error.hpp"
+#include "tilemoe/memory_estimate.hpp"
 #include "tilemoe/step_io.hpp"
 
 namespace tilemoe::cli {
@@ -40,6 +43,8 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--mgb", plan.merge_bands, "tile_signal: row bands merged per middle segment")->capture_default_str();
   app.add_option("--comet-split", plan.comet_split_cols, "comet: hidden columns per layer-1 split (0 = hidden/4)")->capture_default_str();
   app.add_option("--combine-tokens", plan.combine_tokens, "tokens per combine task")->capture_default_str();
+  app.add_option("--max-memory", max_memory,
+                 "refuse a step whose estimated host memory exceeds this (e.g. 8G; default: what the machine has available)");
 }
 
 namespace {
@@ -118,10 +123,39 @@ EpWorld world_from_options(const StepOptions& o, std::int64_t file_tokens) {
   return world;
 }
 
+namespace {
+
+std::uint64_t file_size_or_zero(const std::string& path) {
+  std::error_code error;
+  const auto size = path.empty() ? 0 : std::filesystem::file_size(path, error);
+  return error ? 0 : static_cast<std::uint64_t>(size);
+}
+
+// The step's memory limit and where it comes from, for the message.
+struct MemoryLimit {
+  std::uint64_t bytes = 0;  // 0: none known
+  std::string source;
+};
+
+MemoryLimit memory_limit(const StepOptions& o) {
+  if (!o.max_memory.empty()) return {parse_memory_size(o.max_memory, "--max-memory"), "--max-memory"};
+  return {available_memory_bytes(), "the memory available on this machine"};
+}
+
+}  // namespace
+
 PreparedStep prepare_step(const StepOptions& options) {
   StepOptions o = options;
   PreparedStep step;
   StepInputs loaded;
+  // Checked before anything large exists: files first (they are read whole), then the data
+  // the world implies, then, once the routing is known, the executor's buffers.
+  const MemoryLimit limit = memory_limit(o);
+  const std::uint64_t file_bytes = file_size_or_zero(o.inputs_path) + file_size_or_zero(o.weights_path);
+  if (limit.bytes != 0 && file_bytes > limit.bytes) {
+    throw_bad_input("--inputs and --weights hold " + memory_text(file_bytes) + ", more than " + limit.source + " (" +
+                    memory_text(limit.bytes) + "): they cannot be read");
+  }
   std::string hidden_from, ffn_from, experts_from;  // the file that set each dimension, if one did
   if (!o.inputs_path.empty()) {
     loaded = load_step_inputs(o.inputs_path, parse_dtype(o.dtype));
@@ -136,6 +170,8 @@ PreparedStep prepare_step(const StepOptions& options) {
   }
   step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
   const MoeConfig& layer = step.world.layer;
+  StepMemoryInputs memory{&step.world, nullptr, o.plan.tile_m, o.strategies, file_bytes, true};
+  check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
 
   std::vector<std::vector<float>> logits;
   if (!o.inputs_path.empty()) {
@@ -150,6 +186,8 @@ PreparedStep prepare_step(const StepOptions& options) {
   }
   step.routing = route_world(step.world, logits);
   step.logits = std::move(logits);
+  memory.routing = &step.routing;
+  check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
   if (!o.weights_path.empty()) {
     step.weights = load_weights(o.weights_path, layer);
     step.source += ", weights from " + o.weights_path;

@@ -34,6 +34,8 @@ struct StepOptions {
   std::uint64_t seed = 1;
   std::string inputs_path, weights_path;
   PlanOptions plan;
+  std::string max_memory;  // --max-memory; empty: the memory this machine has available
+  int strategies = 1;      // how many strategies the command runs one after another (memory estimate)
 
   CLI::Option* tokens_option = nullptr;
   CLI::Option* hidden_option = nullptr;
@@ -57,7 +59,9 @@ struct PreparedStep {
 EpWorld world_from_options(const StepOptions& options, std::int64_t file_tokens = -1);
 
 // Builds the step: the layer from the options and the files, inputs and logits from
-// --inputs or synthetic, weights from --weights or random; routes every rank.
+// --inputs or synthetic, weights from --weights or random; routes every rank. Before the data
+// and again before the weights and the run, the step's memory is estimated and a step that
+// would not fit (--max-memory, or what the machine has available) is refused (bad input).
 PreparedStep prepare_step(const StepOptions& options);
 
 }  // namespace tilemoe::cli
