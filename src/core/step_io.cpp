@@ -118,7 +118,10 @@ ExpertWeights load_weights(const std::string& path, const MoeConfig& config) {
   }
   const bool swiglu = config.activation == Activation::SwiGLU;
   ExpertWeights weights = empty_weights(config);
-  for (const auto& [e, parts] : names.by_expert) {
+  for (const auto& expert : names.by_expert) {
+    // named copies, not structured bindings: clang before 16 cannot capture those in a lambda
+    const std::int64_t e = expert.first;
+    const auto& parts = expert.second;
     auto load = [&](const char* which, std::int64_t rows, std::int64_t cols) -> std::vector<float> {
       auto it = parts.find(which);
       if (it == parts.end()) {
