@@ -325,3 +325,11 @@ TEST_F(BadInput, AStepThatCannotFitIsRefusedWithTheSizeItNeeds) {
     EXPECT_THAT(r.err, HasSubstr("--max-memory '" + bad + "'")) << bad;
   }
 }
+
+// Class 9 (the part the CLI decides, also in a CPU-only build): --silent-rank with --dispatch
+// host was silently ignored on the GPU and the run passed.
+TEST_F(BadInput, AFaultInjectionThatCannotActIsRefused) {
+  const Result r = tilemoe("run --backend cuda --ranks 2 --experts 4 --silent-rank 0 --dispatch host");
+  EXPECT_EQ(r.code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--dispatch host does not use"));
+}

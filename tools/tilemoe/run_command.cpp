@@ -187,6 +187,12 @@ int run(const RunOptions& options) {
     throw_bad_input("--transport, --dispatch, --sms-per-rank, --link-gbps and --silent-rank are options of --backend cuda; the CPU "
                     "engine's link is --link-mbps");
   }
+  // The fault is injected in the device-API exchange; the host path's all-to-all never sees
+  // it, so the run passed as if no rank were silent. An option that cannot act is refused.
+  if (options.backend == "cuda" && options.silent_rank >= 0 && options.dispatch == "host") {
+    throw_bad_input("--silent-rank acts on the device-API exchange, which --dispatch host does not use: use --dispatch device "
+                    "with --silent-rank, or drop it");
+  }
   // The files are written only at the end: a path that cannot take them is refused now,
   // before the step runs, not after.
   if (!options.output_path.empty()) check_output_target(options.output_path, "--output");
