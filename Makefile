@@ -4,7 +4,7 @@ PRESET ?= cpu
 BUILD_DIR := build/$(PRESET)
 JOBS ?= $(shell nproc)
 
-.PHONY: run test build bootstrap clean
+.PHONY: run test sanitize build bootstrap clean
 
 bootstrap:
 	@scripts/bootstrap.sh
@@ -18,6 +18,13 @@ run: build
 
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
+
+# The CPU tests (the CLI's bad-input tests among them) built and run under AddressSanitizer and
+# UndefinedBehaviorSanitizer; the first finding stops the test that made it (halt_on_error=1).
+sanitize: bootstrap
+	@cmake --preset cpu-sanitize >/dev/null
+	@cmake --build --preset cpu-sanitize -j $(JOBS)
+	@ctest --preset cpu-sanitize -j $(JOBS)
 
 clean:
 	rm -rf build

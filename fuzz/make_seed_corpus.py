@@ -51,10 +51,14 @@ def seeds():
         ),
         f32(1.0, -2.0, 3.5, 0.0) + bf16,
     )
-    # Valid: F16 and I32 tensors with a hole between them and after the last one.
+    # Valid: F16 and I32 tensors with a hole between them.
     yield "valid_f16_i32_holes.safetensors", safetensors_bytes(
         header_json({"h": ("F16", [2], 0, 4), "ids": ("I32", [1], 8, 12)}),
-        struct.pack("<2H", 0x3C00, 0x0001) + b"\0" * 4 + struct.pack("<i", 7) + b"\0" * 4,
+        struct.pack("<2H", 0x3C00, 0x0001) + b"\0" * 4 + struct.pack("<i", 7),
+    )
+    # Invalid: bytes after the last tensor (a file cut and padded, or two files joined).
+    yield "invalid_trailing_bytes.safetensors", safetensors_bytes(
+        header_json({"w": ("F32", [1], 0, 4)}), f32(1.0) + b"\0" * 4
     )
     # Valid: nothing but an empty header.
     yield "valid_empty.safetensors", safetensors_bytes("{}")

@@ -11,54 +11,19 @@
 #include <sstream>
 #include <sys/wait.h>
 
+#include "cli_fixture.hpp"
 #include "step_fixture.hpp"
 #include "tilemoe/safetensors.hpp"
 #include "tilemoe/step_io.hpp"
 
 using namespace tilemoe;
+using tilemoe::testing::Cli;
+using tilemoe::testing::Result;
 using ::testing::HasSubstr;
 using ::testing::Not;
 namespace fs = std::filesystem;
 
 namespace {
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("tilemoe_cli_" + std::to_string(::getpid()) + "_" +
-                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  Result tilemoe(const std::string& args) {
-    const std::string out = (dir_ / "stdout").string(), err = (dir_ / "stderr").string();
-    const std::string command = std::string(TILEMOE_CLI) + " " + args + " >" + out + " 2>" + err;
-    const int status = std::system(command.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
-  }
-
-  static std::string slurp(const fs::path& path) {
-    std::ifstream in(path);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-
-  fs::path dir_;
-};
 
 const std::string kSmall = " --tokens 24 --hidden 32 --ffn-hidden 48 --experts 8 --top-k 2 --ranks 4 ";
 

@@ -102,3 +102,19 @@ TEST(Capacity, DroplessKeepsEverything) {
   const Routing r = route(config(8, 4, 2), std::vector<float>(32, 1.0f), 0);
   for (auto k : r.kept) EXPECT_EQ(k, 1);
 }
+
+TEST(Capacity, AFactorBeyondTheTokensKeepsEverySlotInsteadOfOverflowing) {
+  // 1e300 * tokens * k / E is far past int64: the conversion used to give a negative capacity
+  // that dropped every slot
+  MoeConfig c = config(4, 2, 2);
+  for (const double factor : {1.0, 1e6, 1e300}) {
+    c.capacity_factor = factor;
+    EXPECT_EQ(expert_capacity(c), 4) << factor;
+    if (factor > kMaxCapacityFactor) {  // route() refuses it first
+      EXPECT_THROW(route(c, std::vector<float>(8, 0.0f), 0), Error);
+      continue;
+    }
+    const Routing r = route(c, std::vector<float>{2, 0, 2, 0, 2, 0, 0, 2}, 0);
+    EXPECT_EQ(r.kept, std::vector<std::uint8_t>(8, 1)) << factor;
+  }
+}

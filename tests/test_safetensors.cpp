@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -467,12 +468,12 @@ TEST(SafetensorsFile, OpenErrorsNameThePath) {
 }
 
 TEST(SafetensorsFile, HolesAndZeroSizeTensorsInsideOthersAreTolerated) {
-  // a: [0, 8), a hole [8, 16), b: [16, 24), a trailing hole [24, 32), and a zero-size
-  // tensor at offset 4, inside a, which occupies no byte.
+  // a: [0, 8), a hole [8, 16), b: [16, 24), and a zero-size tensor at offset 4, inside a,
+  // which occupies no byte.
   const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
                              R"("b":{"dtype":"I16","shape":[2,2],"data_offsets":[16,24]},)"
                              R"("z":{"dtype":"F64","shape":[3,0],"data_offsets":[4,4]}})";
-  const st::File file = st::File::parse(make_file(header, 32), "holes.st");
+  const st::File file = st::File::parse(make_file(header, 24), "holes.st");
   std::vector<std::string> names;
   for (const st::TensorInfo& info : file.tensors()) names.push_back(info.name);
   EXPECT_EQ(names, (std::vector<std::string>{"a", "z", "b"}));
@@ -480,6 +481,30 @@ TEST(SafetensorsFile, HolesAndZeroSizeTensorsInsideOthersAreTolerated) {
   ASSERT_EQ(b.size(), 8u);
   EXPECT_EQ(b[0], std::byte{16});  // make_file fills byte i of the data section with i
   EXPECT_EQ(b[7], std::byte{23});
+}
+
+TEST(SafetensorsFile, BytesAfterTheLastTensorAreRefused) {
+  const std::string header = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  EXPECT_TRUE(throws_bad_input([&] { st::File::parse(make_file(header, 12), "tail.st"); },
+                               {"tail.st", "4 bytes after the last tensor's data", "ends at byte 8 of 12"}));
+  EXPECT_TRUE(throws_bad_input([&] { st::File::parse(make_file("{}", 1), "empty.st"); }, {"1 bytes after"}));
+  EXPECT_NO_THROW(st::File::parse(make_file(header, 8), "exact.st"));
+}
+
+TEST(SafetensorsFile, OpenChecksTheHeaderBeforeReadingTheData) {
+  // a small valid header in front of 1 GiB (sparse: no disk, and no memory unless read)
+  TemporaryDirectory dir;
+  const std::string path = dir.file("huge.safetensors");
+  const std::vector<float> values{1.0f, 2.0f};
+  st::write(path, {{"a", st::ElementType::F32, {2}, raw_bytes(values)}});
+  fs::resize_file(path, std::uintmax_t{1} << 30);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(throws_bad_input([&] { st::File::open(path); }, {path, "bytes after the last tensor's data"}));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500)) << "the data was read first";
+  // and a header length past the end is found from the first 8 bytes alone
+  std::ofstream(dir.file("lying.safetensors"), std::ios::binary)
+      << std::string("\xff\xff\x00\x00\x00\x00\x00\x00{}", 10);
+  EXPECT_TRUE(throws_bad_input([&] { st::File::open(dir.file("lying.safetensors")); }, {"header length 65535 is larger than the 2 bytes"}));
 }
 
 TEST(SafetensorsFile, ZeroElementTensorMayHaveHugeOtherDims) {

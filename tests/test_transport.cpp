@@ -1,6 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -107,4 +108,69 @@ TEST(ShmTransport, LinkEmulationPacesRemotePuts) {
   const auto local = std::chrono::steady_clock::now();
   t.put(1, 1, buffer, 0, bytes.data(), bytes.size());  // to itself: no link
   EXPECT_LT(std::chrono::steady_clock::now() - local, 15ms);
+}
+
+TEST(ShmTransport, ALinkSendLongerThanTheWaitBoundIsRefusedAtOnce) {
+  // the link emulation used to sleep without a deadline: 1e-9 MB/s hung the step
+  for (const double rate : {1e-3, 1e-300}) {
+    cpu::ShmTransport t(2, 100ms);
+    t.set_link_rate(rate);
+    const int buffer = t.alloc_symmetric(64);
+    std::vector<char> bytes(64, 1);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      t.put(0, 1, buffer, 0, bytes.data(), bytes.size());
+      FAIL() << rate;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+      EXPECT_THAT(e.what(), HasSubstr("longer than the wait bound of 100 ms: raise --link-mbps"));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 50ms);
+  }
+  // sends queued on one link add up: of two 90 ms sends started together, the second would end
+  // 180 ms from now, past the bound
+  cpu::ShmTransport t(2, 100ms);
+  t.set_link_rate(1e6);
+  const int buffer = t.alloc_symmetric(90000);
+  std::vector<char> bytes(90000, 1);
+  std::atomic<int> refused{0};
+  auto send = [&] {
+    try {
+      t.put(0, 1, buffer, 0, bytes.data(), bytes.size());
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+      ++refused;
+    }
+  };
+  std::thread first(send), second(send);
+  first.join();
+  second.join();
+  EXPECT_EQ(refused.load(), 1);
+}
+
+TEST(ShmTransport, ALinkSleepEndsWhenTheStepAborts) {
+  cpu::ShmTransport t(2, 10s);
+  t.set_link_rate(1e4);  // 10 KB/s: 50 KB take 5 s
+  const int buffer = t.alloc_symmetric(50000);
+  std::vector<char> bytes(50000, 1);
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(20ms);
+    t.abort();
+  });
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    t.put(0, 1, buffer, 0, bytes.data(), bytes.size());
+    FAIL();
+  } catch (const std::exception& e) {
+    EXPECT_TRUE(cpu::is_abort_error(e)) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  aborter.join();
+}
+
+TEST(ShmTransport, WaitBoundsPastADayAreRefused) {
+  EXPECT_THROW(cpu::ShmTransport(2, std::chrono::hours(25)), Error);
+  EXPECT_THROW(cpu::ShmTransport(2, std::chrono::nanoseconds::max()), Error);
+  cpu::ShmTransport ok(2, std::chrono::hours(24));
+  EXPECT_EQ(ok.timeout(), std::chrono::hours(24));
 }

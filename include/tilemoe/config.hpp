@@ -16,6 +16,14 @@ enum class Activation : std::uint8_t {
 std::string_view activation_name(Activation activation);
 Activation parse_activation(std::string_view name);
 
+// The most experts a layer may have: far above any published model, low enough that a count
+// past it is a typo (and that an expert index from a file fits in 7 decimal digits).
+constexpr std::int64_t kMaxExperts = std::int64_t{1} << 20;
+
+// The largest capacity factor accepted: far above num_experts / top_k of any real layer (past
+// which nothing is dropped), so a larger one is a typo.
+constexpr double kMaxCapacityFactor = 1e6;
+
 struct MoeConfig {
   std::int64_t tokens = 0;        // tokens on this rank (0 is valid)
   std::int64_t hidden = 0;        // model width, multiple of 8

@@ -15,8 +15,8 @@
 // dtype/shape/data_offsets in a tensor entry, an empty tensor name, and a shape whose
 // non-zero dims multiply past int64 (rejected even when another dim is 0, so that
 // strides computed from the shape cannot overflow). It is more lenient in one: tensors
-// need not be contiguous, holes between them and after the last one are tolerated
-// (overlaps are not).
+// need not be contiguous, holes between them are tolerated (overlaps are not). Bytes after
+// the last tensor are refused, as the reference implementation refuses them.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -24,6 +24,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "tilemoe/staged_file.hpp"
 
 namespace tilemoe::safetensors {
 
@@ -33,6 +35,11 @@ enum class ElementType { F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL };
 std::string_view element_type_name(ElementType type);
 // Bytes per element: 8, 4, 2, 2, 8, 4, 2, 1, 1, 1.
 std::size_t element_size(ElementType type);
+
+// A tensor name (or any text) from a file, fit for a message on a terminal: JSON-quoted, so
+// control characters (escape sequences) are escaped and invalid UTF-8 replaced, and cut to a
+// few hundred characters.
+std::string printable_name(std::string_view name);
 
 struct TensorInfo {
   std::string name;
@@ -46,7 +53,8 @@ struct TensorInfo {
 
 class File {
  public:
-  // Reads the whole file into memory and parses it; errors name the path.
+  // Reads and checks the header first (its length against the file's size, every tensor's
+  // range, nothing after the last tensor), then the data section; errors name the path.
   static File open(const std::string& path);
   // Parses bytes already in memory; source_name stands for them in error messages.
   static File parse(std::vector<std::byte> bytes, std::string source_name);
@@ -87,18 +95,21 @@ struct TensorToWrite {
   std::span<const std::byte> data;  // the raw little-endian bytes, row-major
 };
 
-// Writes a safetensors file atomically: everything goes to `path + ".tmp.<pid>"`, which
-// is flushed to disk and then renamed onto `path`. On any failure the temporary is
-// removed and `path` is left as it was (absent, or the old file untouched).
+// Writes a safetensors file atomically: everything goes to a temporary next to `path`
+// (StagedFile), which is flushed to disk and then renamed onto `path`. On any failure the
+// temporary is removed and `path` is left as it was (absent, or the old file untouched); a
+// `path` that exists but is not a regular file (a device node) is refused, never replaced.
 // The header's JSON keys are sorted, the header is padded with spaces to a multiple of
 // 8 bytes as the reference implementation does (so the data section starts 8-aligned),
 // and the data follows in the given order, without holes.
 // Bad input: a data size other than elements * element_size, a negative dim, an empty
 // name, a name given twice or named "__metadata__", a name or metadata string that is
 // not valid UTF-8, and any I/O failure (each message names the path).
-// Two threads of one process must not write the same path at the same time (they would
-// share the temporary).
 void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
            const std::map<std::string, std::string>& metadata = {});
+// The same file, written and flushed under its temporary name but not yet renamed onto `path`:
+// for a caller that commits it together with other files, once all of them are written.
+StagedFile stage(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                 const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace tilemoe::safetensors

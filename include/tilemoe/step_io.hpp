@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tilemoe/config.hpp"
+#include "tilemoe/staged_file.hpp"
 #include "tilemoe/tensor.hpp"
 #include "tilemoe/weights.hpp"
 
@@ -40,5 +41,7 @@ std::vector<std::vector<float>> split_logits_by_rank(const std::vector<float>& l
 
 // Writes "output" atomically: nothing is left at `path` if writing fails.
 void write_step_output(const std::string& path, const std::vector<Matrix>& outputs);
+// The same, written under a temporary name, for the caller to commit() with the step's other files.
+StagedFile stage_step_output(const std::string& path, const std::vector<Matrix>& outputs);
 
 }  // namespace tilemoe

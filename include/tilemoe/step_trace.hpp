@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "tilemoe/plan.hpp"
+#include "tilemoe/staged_file.hpp"
 
 namespace tilemoe {
 
@@ -42,5 +43,8 @@ struct TracedStep {
 // a span per task, and a flow arrow to each segment from the tile that completed a row band's
 // ready flag the segment waits for. Steps are laid one after another on the time axis. Written atomically.
 void write_trace(const std::string& path, const std::vector<TracedStep>& steps);
+// The same, written and flushed under a temporary name, for the caller to commit() together
+// with the step's other files once all are written.
+StagedFile stage_trace(const std::string& path, const std::vector<TracedStep>& steps);
 
 }  // namespace tilemoe

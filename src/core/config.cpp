@@ -1,6 +1,7 @@
 #include "tilemoe/config.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <string>
 
@@ -32,6 +33,13 @@ int owner_of_expert(const MoeConfig& config, int world_size, std::int64_t expert
 
 namespace {
 
+// A factor as a user would write it (std::to_string(1e308) is 309 digits long).
+std::string number_text(double value) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", value);
+  return text;
+}
+
 void require_multiple_of_8(const char* field, std::int64_t value) {
   if (value % 8 != 0) {
     const std::int64_t up = (value + 7) / 8 * 8;
@@ -58,17 +66,24 @@ void validate(const MoeConfig& config) {
   if (config.num_experts <= 0) {
     throw_bad_input("num_experts = " + std::to_string(config.num_experts) + " must be positive");
   }
-  if (config.num_experts > (1 << 20)) {
-    throw_bad_input("num_experts = " + std::to_string(config.num_experts) +
-                    " is more than 1048576: is it a typo?");
+  if (config.num_experts > kMaxExperts) {
+    throw_bad_input("num_experts = " + std::to_string(config.num_experts) + " is more than " +
+                    std::to_string(kMaxExperts) + ": is it a typo?");
   }
   if (config.top_k < 1 || config.top_k > config.num_experts) {
     throw_bad_input("top_k = " + std::to_string(config.top_k) + " is outside [1, num_experts = " +
                     std::to_string(config.num_experts) + "]");
   }
   if (!std::isfinite(config.capacity_factor) || config.capacity_factor < 0.0) {
-    throw_bad_input("capacity_factor = " + std::to_string(config.capacity_factor) +
+    throw_bad_input("capacity_factor = " + number_text(config.capacity_factor) +
                     " must be 0 (dropless) or positive");
+  }
+  // Past num_experts / top_k every expert can take every token, so a larger factor changes
+  // nothing; one far past it (1e308) is a typo, refused rather than quietly read as dropless.
+  if (config.capacity_factor > kMaxCapacityFactor) {
+    throw_bad_input("capacity_factor = " + number_text(config.capacity_factor) + " is more than " +
+                    std::to_string(static_cast<int>(kMaxCapacityFactor)) +
+                    ": a factor of num_experts / top_k already drops nothing; use 0 for dropless");
   }
 }
 

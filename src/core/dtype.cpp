@@ -15,6 +15,9 @@ DType parse_dtype(std::string_view name) {
 }
 
 void load_row(DType dtype, const std::byte* src, std::size_t count, float* dst) {
+  // An empty tensor's data() may be null, and memcpy with a null pointer is undefined even
+  // for 0 bytes.
+  if (count == 0) return;
   if (dtype == DType::F32) {
     std::memcpy(dst, src, count * sizeof(float));
     return;
@@ -27,6 +30,7 @@ void load_row(DType dtype, const std::byte* src, std::size_t count, float* dst) 
 }
 
 void store_row(DType dtype, const float* src, std::size_t count, std::byte* dst) {
+  if (count == 0) return;  // see load_row
   if (dtype == DType::F32) {
     std::memcpy(dst, src, count * sizeof(float));
     return;

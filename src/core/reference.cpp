@@ -11,8 +11,42 @@
 
 namespace tilemoe {
 
+namespace {
+
+// The references index the inputs and weights by the layer's shape: anything of another shape
+// would be read past its end, so it is refused first.
+void check_step_shapes(const EpWorld& world, const std::vector<Matrix>& inputs, const std::vector<Routing>& routing,
+                       const ExpertWeights& weights) {
+  const MoeConfig& layer = world.layer;
+  const auto ranks = static_cast<std::size_t>(world.world_size());
+  if (inputs.size() != ranks || routing.size() != ranks) {
+    throw_bad_input("the world has " + std::to_string(ranks) + " ranks but there are " + std::to_string(inputs.size()) +
+                    " inputs and " + std::to_string(routing.size()) + " routings");
+  }
+  if (weights.hidden != layer.hidden || weights.ffn_hidden != layer.ffn_hidden || weights.num_experts != layer.num_experts ||
+      weights.activation != layer.activation) {
+    throw_bad_input("the expert weights are " + std::to_string(weights.num_experts) + " experts of hidden " +
+                    std::to_string(weights.hidden) + ", ffn " + std::to_string(weights.ffn_hidden) + ", the layer has " +
+                    std::to_string(layer.num_experts) + " of hidden " + std::to_string(layer.hidden) + ", ffn " +
+                    std::to_string(layer.ffn_hidden) + " (and the same activation): give weights of the layer's shape");
+  }
+  for (std::size_t r = 0; r < ranks; ++r) {
+    const Matrix& in = inputs[r];
+    if (in.rows != world.tokens_per_rank[r] || in.cols != layer.hidden ||
+        routing[r].tokens != in.rows || routing[r].top_k != layer.top_k) {
+      throw_bad_input("rank " + std::to_string(r) + ": input is " + std::to_string(in.rows) + " x " + std::to_string(in.cols) +
+                      " with a routing of " + std::to_string(routing[r].tokens) + " tokens, the layer needs " +
+                      std::to_string(world.tokens_per_rank[r]) + " x " + std::to_string(layer.hidden) +
+                      ": inputs and layer must agree on the hidden size");
+    }
+  }
+}
+
+}  // namespace
+
 std::vector<Matrix> dense_reference(const EpWorld& world, const std::vector<Matrix>& inputs,
                                     const std::vector<Routing>& routing, const ExpertWeights& weights) {
+  check_step_shapes(world, inputs, routing, weights);
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
   const DType dtype = world.layer.dtype;
   std::vector<float> x(static_cast<std::size_t>(h)), act(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h)),
@@ -44,6 +78,7 @@ std::vector<Matrix> dense_reference(const EpWorld& world, const std::vector<Matr
 std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std::vector<Matrix>& inputs,
                                                 const std::vector<Routing>& routing,
                                                 const ExpertWeights& weights) {
+  check_step_shapes(world, inputs, routing, weights);
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
   const bool swiglu = weights.activation == Activation::SwiGLU;
   std::vector<std::vector<double>> outputs;

@@ -68,6 +68,10 @@ Routing route(const MoeConfig& config, std::span<const float> logits, int rank) 
 std::int64_t expert_capacity(const MoeConfig& config) {
   const double slots = config.capacity_factor * static_cast<double>(config.tokens * config.top_k) /
                        static_cast<double>(config.num_experts);
+  // A token picks an expert at most once, so no expert can receive more than `tokens` slots:
+  // a larger capacity drops nothing. Clamping before the conversion also keeps a huge factor
+  // from overflowing int64 (1e308 became a negative capacity, which dropped every slot).
+  if (!(slots < static_cast<double>(config.tokens))) return config.tokens;
   return static_cast<std::int64_t>(std::ceil(slots));
 }
 

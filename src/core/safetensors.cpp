@@ -70,9 +70,13 @@ std::optional<ElementType> element_type_from_name(std::string_view name) {
 }
 
 // A string as a JSON literal: quoted, with control characters escaped and invalid
-// UTF-8 replaced, so that a hostile tensor name cannot garble an error message.
+// UTF-8 replaced, so that a hostile tensor name cannot garble an error message; a name of
+// megabytes is cut (its head tells which tensor it is).
 std::string json_quoted(std::string_view text) {
-  return Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
+  constexpr std::size_t kMaxChars = 200;
+  if (text.size() <= kMaxChars) return Json(std::string(text)).dump(-1, ' ', false, Json::error_handler_t::replace);
+  return Json(std::string(text.substr(0, kMaxChars))).dump(-1, ' ', false, Json::error_handler_t::replace) + "... (" +
+         std::to_string(text.size()) + " bytes)";
 }
 
 // Text from the file for an error message: nlohmann's messages quote the bytes last
@@ -193,6 +197,7 @@ class HeaderParser {
       return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
     });
     check_no_overlaps(tensors);
+    check_nothing_after_the_last_tensor(tensors);
   }
 
  private:
@@ -368,9 +373,55 @@ class HeaderParser {
     }
   }
 
+  // Bytes after the last tensor belong to nothing: a file cut short and padded, or two files
+  // joined; the reference implementation refuses them too.
+  void check_nothing_after_the_last_tensor(const std::vector<TensorInfo>& tensors) const {
+    std::uint64_t end = 0;
+    for (const TensorInfo& tensor : tensors) end = std::max(end, tensor.end);
+    if (end < data_section_bytes_) {
+      fail("the data section has " + std::to_string(data_section_bytes_ - end) + " bytes after the last tensor's data (which " +
+           "ends at byte " + std::to_string(end) + " of " + std::to_string(data_section_bytes_) +
+           "): the file is damaged or joined with another; save it again");
+    }
+  }
+
   const std::string& source_name_;
   std::uint64_t data_section_bytes_;
 };
+
+// The header length that the first 8 bytes of a file of `file_bytes` bytes give, checked
+// against the limit and the file's size before any of the rest is read.
+std::uint64_t checked_header_length(std::span<const std::byte> prefix, std::uint64_t file_bytes, const std::string& source) {
+  if (file_bytes < kLengthPrefixBytes || prefix.size() < kLengthPrefixBytes) {
+    throw_bad_input(source + ": file is " + std::to_string(file_bytes) + " bytes, shorter than the 8-byte header length");
+  }
+  const std::uint64_t header_bytes = load_u64_le(prefix.data());
+  if (header_bytes > kMaxHeaderBytes) {
+    throw_bad_input(source + ": header length " + std::to_string(header_bytes) + " is larger than the limit of 100 MiB");
+  }
+  const std::uint64_t bytes_after_prefix = file_bytes - kLengthPrefixBytes;
+  if (header_bytes > bytes_after_prefix) {
+    throw_bad_input(source + ": header length " + std::to_string(header_bytes) + " is larger than the " +
+                    std::to_string(bytes_after_prefix) + " bytes that follow it");
+  }
+  return header_bytes;
+}
+
+// Reads exactly `out.size()` bytes at the descriptor's position.
+void read_exactly(int fd, std::span<std::byte> out, const std::string& path, std::uint64_t file_bytes) {
+  std::size_t filled = 0;
+  while (filled < out.size()) {
+    const ssize_t got = ::read(fd, out.data() + filled, out.size() - filled);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw_bad_input(path + ": cannot read: " + errno_text(errno));
+    }
+    if (got == 0) {
+      throw_bad_input(path + ": file shrank while being read (it was " + std::to_string(file_bytes) + " bytes)");
+    }
+    filled += static_cast<std::size_t>(got);
+  }
+}
 
 // Owns a file descriptor.
 class FileDescriptor {
@@ -394,43 +445,14 @@ class FileDescriptor {
   int fd_;
 };
 
-// Removes the temporary file unless the write committed it by renaming it.
-class TemporaryFileRemover {
- public:
-  explicit TemporaryFileRemover(std::string path) : path_(std::move(path)) {}
-  TemporaryFileRemover(const TemporaryFileRemover&) = delete;
-  TemporaryFileRemover& operator=(const TemporaryFileRemover&) = delete;
-  ~TemporaryFileRemover() {
-    if (!committed_) ::unlink(path_.c_str());
-  }
-  void commit() { committed_ = true; }
-
- private:
-  std::string path_;
-  bool committed_ = false;
-};
-
-void write_all(int fd, std::span<const std::byte> bytes, const std::string& path,
-               const std::string& temporary_path) {
-  // write() may write less than asked (and at most about 2 GiB per call on Linux).
-  constexpr std::size_t kMaxChunk = std::size_t{1} << 30;
-  while (!bytes.empty()) {
-    const ssize_t written = ::write(fd, bytes.data(), std::min(bytes.size(), kMaxChunk));
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      throw_bad_input(path + ": cannot write the temporary file " + temporary_path + ": " +
-                      errno_text(errno));
-    }
-    bytes = bytes.subspan(static_cast<std::size_t>(written));
-  }
-}
-
 [[noreturn]] void fail_tensor_to_write(const std::string& path, const std::string& name,
                                        const std::string& what) {
   throw_bad_input(path + ": tensor " + json_quoted(name) + ": " + what);
 }
 
 }  // namespace
+
+std::string printable_name(std::string_view name) { return json_quoted(name); }
 
 std::string_view element_type_name(ElementType type) { return traits_of(type).name; }
 
@@ -457,21 +479,31 @@ File File::open(const std::string& path) {
   }
   if (!S_ISREG(status.st_mode)) throw_bad_input(path + ": is not a regular file");
 
-  std::vector<std::byte> bytes(static_cast<std::size_t>(status.st_size));
-  std::size_t filled = 0;
-  while (filled < bytes.size()) {
-    const ssize_t got = ::read(fd.get(), bytes.data() + filled, bytes.size() - filled);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      throw_bad_input(path + ": cannot read: " + errno_text(errno));
-    }
-    if (got == 0) {
-      throw_bad_input(path + ": file shrank while being read (from " +
-                      std::to_string(bytes.size()) + " to " + std::to_string(filled) + " bytes)");
-    }
-    filled += static_cast<std::size_t>(got);
-  }
-  return parse(std::move(bytes), path);
+  // The header first, checked whole against the file's size, before the data section is read:
+  // a huge file with a small valid header used to be read into memory entirely first.
+  const auto file_bytes = static_cast<std::uint64_t>(status.st_size);
+  std::array<std::byte, kLengthPrefixBytes> prefix{};
+  read_exactly(fd.get(), std::span<std::byte>(prefix).first(static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, kLengthPrefixBytes))),
+               path, file_bytes);
+  const std::uint64_t header_bytes = checked_header_length(prefix, file_bytes, path);
+  File file;
+  file.source_name_ = path;
+  file.data_start_ = kLengthPrefixBytes + static_cast<std::size_t>(header_bytes);
+  std::vector<std::byte> header(static_cast<std::size_t>(header_bytes));
+  read_exactly(fd.get(), header, path, file_bytes);
+  const std::string_view header_text(reinterpret_cast<const char*>(header.data()), header.size());
+  HeaderParser(file.source_name_, file_bytes - file.data_start_).parse(header_text, file.tensors_, file.metadata_);
+  for (std::size_t i = 0; i < file.tensors_.size(); ++i) file.index_by_name_.emplace(file.tensors_[i].name, i);
+
+  // Only now, with every tensor's range checked and nothing after the last, the data. The
+  // prefix and header stay in front of it so that offsets match File::parse's layout.
+  if (file_bytes > std::numeric_limits<std::size_t>::max()) throw_bad_input(path + ": file is too large to read");
+  file.file_bytes_.resize(static_cast<std::size_t>(file_bytes));
+  std::copy(prefix.begin(), prefix.end(), file.file_bytes_.begin());
+  std::copy(header.begin(), header.end(), file.file_bytes_.begin() + kLengthPrefixBytes);
+  header = {};
+  read_exactly(fd.get(), std::span<std::byte>(file.file_bytes_).subspan(file.data_start_), path, file_bytes);
+  return file;
 }
 
 File File::parse(std::vector<std::byte> bytes, std::string source_name) {
@@ -481,21 +513,7 @@ File File::parse(std::vector<std::byte> bytes, std::string source_name) {
   const std::string& source = file.source_name_;
   const std::vector<std::byte>& all = file.file_bytes_;
 
-  if (all.size() < kLengthPrefixBytes) {
-    throw_bad_input(source + ": file is " + std::to_string(all.size()) +
-                    " bytes, shorter than the 8-byte header length");
-  }
-  const std::uint64_t header_bytes = load_u64_le(all.data());
-  if (header_bytes > kMaxHeaderBytes) {
-    throw_bad_input(source + ": header length " + std::to_string(header_bytes) +
-                    " is larger than the limit of 100 MiB");
-  }
-  const std::size_t bytes_after_prefix = all.size() - kLengthPrefixBytes;
-  if (header_bytes > bytes_after_prefix) {
-    throw_bad_input(source + ": header length " + std::to_string(header_bytes) +
-                    " is larger than the " + std::to_string(bytes_after_prefix) +
-                    " bytes that follow it");
-  }
+  const std::uint64_t header_bytes = checked_header_length(all, all.size(), source);
   file.data_start_ = kLengthPrefixBytes + static_cast<std::size_t>(header_bytes);
   const std::string_view header_text(reinterpret_cast<const char*>(all.data() + kLengthPrefixBytes),
                                      static_cast<std::size_t>(header_bytes));
@@ -572,8 +590,8 @@ std::vector<float> File::read_f32(const TensorInfo& info) const {
 
 const std::string& File::source_name() const { return source_name_; }
 
-void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
-           const std::map<std::string, std::string>& metadata) {
+StagedFile stage(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                 const std::map<std::string, std::string>& metadata) {
   // Validate everything and build the header before touching the file system, so that
   // bad input never creates even the temporary.
   Json header = Json::object();
@@ -629,33 +647,16 @@ void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
   prefix_and_header.insert(prefix_and_header.end(), header_begin,
                            header_begin + header_text.size());
 
-  const std::string temporary_path = path + ".tmp." + std::to_string(::getpid());
-  const int raw_fd = ::open(temporary_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (raw_fd < 0) {
-    throw_bad_input(path + ": cannot create the temporary file " + temporary_path + ": " +
-                    errno_text(errno));
-  }
-  FileDescriptor fd(raw_fd);
-  TemporaryFileRemover remover(temporary_path);
+  StagedFile file(path);
+  file.write(prefix_and_header);
+  for (const TensorToWrite& tensor : tensors) file.write(tensor.data);
+  file.finish();
+  return file;
+}
 
-  write_all(fd.get(), prefix_and_header, path, temporary_path);
-  for (const TensorToWrite& tensor : tensors)
-    write_all(fd.get(), tensor.data, path, temporary_path);
-  // Flush before the rename: otherwise a crash soon after could leave `path` naming a
-  // file whose blocks never reached the disk.
-  if (::fsync(fd.get()) != 0) {
-    throw_bad_input(path + ": cannot flush the temporary file " + temporary_path + ": " +
-                    errno_text(errno));
-  }
-  if (fd.close() != 0) {
-    throw_bad_input(path + ": cannot close the temporary file " + temporary_path + ": " +
-                    errno_text(errno));
-  }
-  if (::rename(temporary_path.c_str(), path.c_str()) != 0) {
-    throw_bad_input(path + ": cannot rename the temporary file " + temporary_path +
-                    " onto it: " + errno_text(errno));
-  }
-  remover.commit();
+void write(const std::string& path, const std::vector<TensorToWrite>& tensors,
+           const std::map<std::string, std::string>& metadata) {
+  stage(path, tensors, metadata).commit();
 }
 
 }  // namespace tilemoe::safetensors

@@ -1,10 +1,12 @@
 #include "tilemoe/step_io.hpp"
 
+#include <cmath>
 #include <map>
-#include <regex>
+#include <optional>
 #include <set>
 #include <string>
 
+#include "expert_tensor_name.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/safetensors.hpp"
 
@@ -18,12 +20,34 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
+std::string quoted(std::string_view name) { return safetensors::printable_name(name); }
+
 const safetensors::TensorInfo& matrix(const safetensors::File& file, const std::string& name) {
   const safetensors::TensorInfo& info = file.get(name);
   if (info.shape.size() != 2) {
-    throw_bad_input(file.source_name() + ": tensor '" + name + "' has shape " + shape_text(info.shape) + ", expected a matrix");
+    throw_bad_input(file.source_name() + ": tensor " + quoted(name) + " has shape " + shape_text(info.shape) + ", expected a matrix");
   }
   return info;
+}
+
+// A matrix's values as the layer will hold them (rounded to its storage dtype), refused when
+// one is NaN or infinite: such a value poisons every output it reaches the same way in every
+// strategy, so the run would fail its checks for a reason that is the file's, not tilemoe's.
+std::vector<float> read_finite(const safetensors::File& file, const safetensors::TensorInfo& info, DType dtype) {
+  std::vector<float> values = file.read_f32(info);
+  const std::int64_t cols = info.shape.size() == 2 ? info.shape[1] : 1;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const float stored = round_to(dtype, values[i]);
+    if (std::isfinite(stored)) continue;
+    const auto row = static_cast<std::int64_t>(i) / cols, col = static_cast<std::int64_t>(i) % cols;
+    std::string what = std::isnan(values[i])   ? std::string("NaN")
+                       : std::isinf(values[i]) ? std::string("infinite")
+                                               : std::to_string(values[i]) + ", beyond the largest " +
+                                                     std::string(dtype_name(dtype)) + " (it would become infinite; use --dtype fp32 or scale it down)";
+    throw_bad_input(file.source_name() + ": tensor " + quoted(info.name) + " element [" + std::to_string(row) + ", " +
+                    std::to_string(col) + "] is " + what + "; every value must be finite");
+  }
+  return values;
 }
 
 struct ExpertNames {
@@ -32,15 +56,13 @@ struct ExpertNames {
 };
 
 ExpertNames find_expert_tensors(const safetensors::File& file) {
-  static const std::regex pattern(R"(^(.*)experts\.(\d+)\.(w1|w2|w3)\.weight$)");
   ExpertNames names;
   std::set<std::string> prefixes;
   for (const auto& info : file.tensors()) {
-    std::smatch m;
-    if (!std::regex_match(info.name, m, pattern)) continue;
-    prefixes.insert(m[1].str());
-    const std::int64_t e = std::stoll(m[2].str().substr(0, 9));
-    names.by_expert[e][m[3].str()] = info.name;
+    const std::optional<ExpertTensorName> parsed = parse_expert_tensor_name(info.name);
+    if (!parsed) continue;
+    prefixes.insert(parsed->prefix);
+    names.by_expert[parsed->expert][parsed->part] = info.name;
   }
   if (prefixes.empty()) {
     throw_bad_input(file.source_name() + ": no expert weights found; expected tensors named like "
@@ -48,8 +70,8 @@ ExpertNames find_expert_tensors(const safetensors::File& file) {
   }
   if (prefixes.size() > 1) {
     throw_bad_input(file.source_name() + ": expert weights of " + std::to_string(prefixes.size()) +
-                    " layers (e.g. '" + *prefixes.begin() + "' and '" + *prefixes.rbegin() +
-                    "'); save one layer's experts per file");
+                    " layers (e.g. " + quoted(*prefixes.begin()) + " and " + quoted(*prefixes.rbegin()) +
+                    "); save one layer's experts per file");
   }
   names.prefix = *prefixes.begin();
   std::int64_t expected = 0;
@@ -72,7 +94,7 @@ StepInputs load_step_inputs(const std::string& path, DType dtype) {
   }
   StepInputs step;
   step.experts = logits.shape[1];
-  const std::vector<float> x = file.read_f32(input);
+  const std::vector<float> x = read_finite(file, input, dtype);
   step.input = Matrix::from_floats(dtype, input.shape[0], input.shape[1], x);
   step.logits = file.read_f32(logits);
   return step;
@@ -96,7 +118,10 @@ ExpertWeights load_weights(const std::string& path, const MoeConfig& config) {
   }
   const bool swiglu = config.activation == Activation::SwiGLU;
   ExpertWeights weights = empty_weights(config);
-  for (const auto& [e, parts] : names.by_expert) {
+  for (const auto& expert : names.by_expert) {
+    // named copies, not structured bindings: clang before 16 cannot capture those in a lambda
+    const std::int64_t e = expert.first;
+    const auto& parts = expert.second;
     auto load = [&](const char* which, std::int64_t rows, std::int64_t cols) -> std::vector<float> {
       auto it = parts.find(which);
       if (it == parts.end()) {
@@ -105,10 +130,10 @@ ExpertWeights load_weights(const std::string& path, const MoeConfig& config) {
       }
       const auto& info = matrix(file, it->second);
       if (info.shape[0] != rows || info.shape[1] != cols) {
-        throw_bad_input(path + ": '" + it->second + "' has shape " + shape_text(info.shape) + ", the layer needs [" +
+        throw_bad_input(path + ": " + quoted(it->second) + " has shape " + shape_text(info.shape) + ", the layer needs [" +
                         std::to_string(rows) + ", " + std::to_string(cols) + "]");
       }
-      return file.read_f32(info);
+      return read_finite(file, info, config.dtype);
     };
     const std::vector<float> w1 = load("w1", config.ffn_hidden, config.hidden);
     const std::vector<float> w3 = swiglu ? load("w3", config.ffn_hidden, config.hidden) : std::vector<float>{};
@@ -147,7 +172,9 @@ std::vector<std::vector<float>> split_logits_by_rank(const std::vector<float>& l
   return parts;
 }
 
-void write_step_output(const std::string& path, const std::vector<Matrix>& outputs) {
+void write_step_output(const std::string& path, const std::vector<Matrix>& outputs) { stage_step_output(path, outputs).commit(); }
+
+StagedFile stage_step_output(const std::string& path, const std::vector<Matrix>& outputs) {
   if (outputs.empty()) throw_internal("no outputs to write");
   std::int64_t rows = 0;
   for (const Matrix& m : outputs) rows += m.rows;
@@ -158,7 +185,7 @@ void write_step_output(const std::string& path, const std::vector<Matrix>& outpu
     at += m.data.size();
   }
   const auto type = all.dtype == DType::F32 ? safetensors::ElementType::F32 : safetensors::ElementType::BF16;
-  safetensors::write(path, {{"output", type, {all.rows, all.cols}, all.data}});
+  return safetensors::stage(path, {{"output", type, {all.rows, all.cols}, all.data}});
 }
 
 }  // namespace tilemoe

@@ -1,9 +1,6 @@
 #include "tilemoe/trace.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -42,24 +39,13 @@ std::int64_t overlap_length(const std::vector<Interval>& a, const std::vector<In
   return n;
 }
 
-void write_trace_events(const std::string& path, const nlohmann::json& events) {
+StagedFile stage_trace_events(const std::string& path, const nlohmann::json& events) {
   const nlohmann::json doc = {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) throw_bad_input("cannot write the trace to '" + path + "': check the directory exists and is writable");
-    out << doc.dump();
-    if (!out.flush()) {
-      std::remove(temporary.c_str());
-      throw_bad_input("writing the trace to '" + path + "' failed");
-    }
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
-    std::remove(temporary.c_str());
-    throw_bad_input("cannot write the trace to '" + path + "': " + error.message());
-  }
+  check_output_target(path, "the trace");
+  StagedFile file(path);
+  file.write(doc.dump());
+  file.finish();
+  return file;
 }
 
 double hidden_share(const std::vector<DeviceSpan>& spans, const std::string& compute_track, const std::string& comm_track) {
@@ -102,7 +88,7 @@ void write_device_trace(const std::string& path, const std::string& label, const
     events.push_back({{"ph", "X"}, {"name", s.label}, {"cat", s.remote ? "remote" : "local"}, {"pid", s.rank},
                       {"tid", tracks[s.rank][{s.track, s.lane}]}, {"ts", start_us}, {"dur", std::max(0.001, dur_us)}});
   }
-  write_trace_events(path, events);
+  stage_trace_events(path, events).commit();
 }
 
 }  // namespace tilemoe

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tilemoe/staged_file.hpp"
+
 namespace tilemoe {
 
 using Interval = std::pair<std::int64_t, std::int64_t>;
@@ -19,8 +21,8 @@ std::int64_t total_length(const std::vector<Interval>& spans);
 // Length of the intersection of two sorted lists of disjoint spans.
 std::int64_t overlap_length(const std::vector<Interval>& a, const std::vector<Interval>& b);
 
-// Writes {"traceEvents": events} to `path` through a temporary file, so a failure leaves
-// nothing half-written there.
-void write_trace_events(const std::string& path, const nlohmann::json& events);
+// {"traceEvents": events} staged for `path` (written and flushed under a temporary name), so a
+// failure leaves nothing half-written there; the caller commits it.
+StagedFile stage_trace_events(const std::string& path, const nlohmann::json& events);
 
 }  // namespace tilemoe

@@ -1,6 +1,8 @@
 // tilemoe run: one forward MoE step on the CPU engine for each chosen strategy, each checked
 // against the dense reference (bitwise) and an fp64 reference (accuracy).
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -56,6 +58,9 @@ struct StrategyResult {
 // multiply-adds on 2 cores. Beyond this many it is skipped so that large runs stay practical
 // (the bitwise check still runs).
 constexpr double kMaxFp64Work = 1.6e10;
+
+// The longest --timeout-ms: a day.
+constexpr std::int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;
 
 // The rows the routing keeps, over all ranks.
 std::int64_t routed_rows(const std::vector<Routing>& routing) {
@@ -163,20 +168,53 @@ int run(const RunOptions& options) {
     throw_bad_input("unknown backend '" + options.backend + "': use cpu or cuda");
   }
   if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
+  // Beyond a day a wait is no longer bounded in any useful sense, and far beyond it the
+  // conversion to nanoseconds overflows.
+  if (options.timeout_ms > kMaxTimeoutMs) {
+    throw_bad_input("--timeout-ms " + std::to_string(options.timeout_ms) + " is more than a day: use at most " +
+                    std::to_string(kMaxTimeoutMs));
+  }
+  for (const auto& [name, rate] : {std::pair{"--link-mbps", options.link_mbps}, std::pair{"--link-gbps", options.link_gbps}}) {
+    if (!std::isfinite(rate) || rate < 0.0) {
+      throw_bad_input(std::string(name) + " " + std::to_string(rate) + " is not a rate: use 0 (unlimited) or a positive number");
+    }
+  }
+  if (static_cast<std::int64_t>(options.delay_us) >= options.timeout_ms * 1000) {
+    throw_bad_input("--delay-us " + std::to_string(options.delay_us) + " is not shorter than --timeout-ms " +
+                    std::to_string(options.timeout_ms) + ": every wait could expire by design; lower --delay-us or raise --timeout-ms");
+  }
   if (options.backend == "cpu" &&
       (options.link_gbps != 0.0 || options.dispatch != "device" || options.transport != "virtual" || options.sms_per_rank != 0 ||
        options.silent_rank != -1)) {
     throw_bad_input("--transport, --dispatch, --sms-per-rank, --link-gbps and --silent-rank are options of --backend cuda; the CPU "
                     "engine's link is --link-mbps");
   }
-  const PreparedStep step = prepare_step(options.step);
-  if (options.backend == "cuda") return run_cuda(options, step);
-  std::vector<Strategy> strategies;
-  if (options.strategy == "all") {
-    strategies = {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet};
-  } else {
-    strategies = {parse_strategy(options.strategy)};
+  // The fault is injected in the device-API exchange; the host path's all-to-all never sees
+  // it, so the run passed as if no rank were silent. An option that cannot act is refused.
+  if (options.backend == "cuda" && options.silent_rank >= 0 && options.dispatch == "host") {
+    throw_bad_input("--silent-rank acts on the device-API exchange, which --dispatch host does not use: use --dispatch device "
+                    "with --silent-rank, or drop it");
   }
+  // The files are written only at the end: a path that cannot take them is refused now,
+  // before the step runs, not after.
+  if (!options.output_path.empty()) check_output_target(options.output_path, "--output");
+  if (!options.trace_path.empty()) check_output_target(options.trace_path, "--trace");
+  if (!options.output_path.empty() && !options.trace_path.empty() && same_output_target(options.output_path, options.trace_path)) {
+    throw_bad_input("--output " + options.output_path + " and --trace " + options.trace_path +
+                    " name the same file: give them different paths");
+  }
+  std::vector<Strategy> strategies;
+  if (options.backend == "cpu") {
+    if (options.strategy == "all") {
+      strategies = {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet};
+    } else {
+      strategies = {parse_strategy(options.strategy)};
+    }
+  }
+  StepOptions step_options = options.step;
+  step_options.strategies = std::max<int>(1, static_cast<int>(strategies.size()));
+  const PreparedStep step = prepare_step(step_options);
+  if (options.backend == "cuda") return run_cuda(options, step);
 
   const std::vector<Matrix> dense = dense_reference(step.world, step.inputs, step.routing, step.weights);
   const MoeConfig& layer = step.world.layer;
@@ -253,17 +291,30 @@ int run(const RunOptions& options) {
     }
   }
 
+  bool all_bitwise = true;
+  for (const StrategyResult& r : results) all_bitwise = all_bitwise && r.bitwise;
+  if (all_bitwise && !all_equal) {
+    // Every strategy computed what the reference computed: finite inputs and weights (the
+    // loaders refuse others) whose products overflow fp32. The data's fault, not tilemoe's.
+    throw_bad_input("every strategy equals the dense reference bit for bit, but the output holds NaN or Inf: the inputs or "
+                    "weights are too large and overflow fp32 in the expert FFN; scale them down. Nothing written to --output "
+                    "or --trace");
+  }
+  if (!all_equal) {
+    std::fprintf(stderr, "tilemoe: a strategy's output differs from the dense reference; nothing written to --output or --trace\n");
+    return 1;
+  }
+  // Both files are staged (written whole under temporary names) before either is renamed into
+  // place, so that a failure to write one leaves neither.
+  std::vector<StagedFile> staged;
+  if (!options.output_path.empty()) staged.push_back(stage_step_output(options.output_path, results.front().run.outputs));
   if (!options.trace_path.empty()) {
     std::vector<TracedStep> traced;
     for (const StrategyResult& r : results) traced.push_back({std::string(strategy_name(r.strategy)), &r.plans, &r.run.records});
-    write_trace(options.trace_path, traced);
-    if (!options.json) std::printf("trace: %s (open in https://ui.perfetto.dev)\n", options.trace_path.c_str());
+    staged.push_back(stage_trace(options.trace_path, traced));
   }
-  if (!all_equal) {
-    std::fprintf(stderr, "tilemoe: a strategy's output differs from the dense reference; nothing written to --output\n");
-    return 1;
-  }
-  if (!options.output_path.empty()) write_step_output(options.output_path, results.front().run.outputs);
+  for (StagedFile& file : staged) file.commit();
+  if (!options.trace_path.empty() && !options.json) std::printf("trace: %s (open in https://ui.perfetto.dev)\n", options.trace_path.c_str());
   return 0;
 }
 

@@ -1,15 +1,29 @@
 #include "step_options.hpp"
 
+#include <filesystem>
+
 #include "tilemoe/error.hpp"
+#include "tilemoe/memory_estimate.hpp"
 #include "tilemoe/step_io.hpp"
 
 namespace tilemoe::cli {
 
+// CLI11 reads "-1" into an unsigned option as 2^64 - 1 (strtoull wraps it): a seed of -1
+// became 18446744073709551615 without a word.
+const CLI::Validator kNotNegative(
+    [](std::string& text) -> std::string {
+      const std::size_t first = text.find_first_not_of(" \t");
+      if (first != std::string::npos && text[first] == '-') return "'" + text + "' is negative: use 0 or more";
+      return {};
+    },
+    "NOT NEGATIVE");
+
 void StepOptions::add_to(CLI::App& app) {
   app.add_option("--ranks", ranks, "expert-parallel world size W (ranks are threads on the CPU)")->capture_default_str();
   tokens_option = app.add_option("--tokens", tokens, "tokens on every rank")->capture_default_str();
-  app.add_option("--tokens-per-rank", tokens_per_rank, "tokens of each rank, e.g. 128,0,7,64 (overrides --tokens and --ranks)")
-      ->delimiter(',');
+  // Read as text and split here: CLI11's delimiter drops empty entries, so "" became one rank of
+  // no tokens and "8,,8" two ranks.
+  tokens_per_rank_option = app.add_option("--tokens-per-rank", tokens_per_rank_text, "tokens of each rank, e.g. 128,0,7,64 (overrides --tokens and --ranks)");
   hidden_option = app.add_option("--hidden", hidden, "model width (multiple of 8)")->capture_default_str();
   ffn_option = app.add_option("--ffn-hidden", ffn_hidden, "expert inner width (multiple of 8)")->capture_default_str();
   experts_option = app.add_option("--experts", experts, "number of experts E (divisible by --ranks)")->capture_default_str();
@@ -19,7 +33,7 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
   app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32)")->capture_default_str();
   app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
-  app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str();
+  app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str()->check(kNotNegative);
   app.add_option("--inputs", inputs_path, "safetensors file with 'input' [T, hidden] and 'router_logits' [T, E]");
   app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight (Hugging Face names)");
   app.add_option("--tile-m", plan.tile_m, "GEMM tile rows")->capture_default_str();
@@ -29,16 +43,57 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--mgb", plan.tile_signal.bands_per_segment, "tile_signal: row bands merged per middle segment (0 = the strategy's choice)")->capture_default_str();
   app.add_option("--comet-split", plan.comet.split_cols, "comet: hidden columns per layer-1 split (0 = hidden/4)")->capture_default_str();
   app.add_option("--combine-tokens", plan.combine_tokens, "tokens per combine task")->capture_default_str();
+  app.add_option("--max-memory", max_memory,
+                 "refuse a step whose estimated host memory exceeds this (e.g. 8G; default: what the machine has available)");
 }
 
 namespace {
 
-void take_from_file(CLI::Option* option, std::int64_t& value, std::int64_t from_file, const char* what, const std::string& file) {
+// "128,0,7,64": one non-negative count per rank, every entry present.
+std::vector<std::int64_t> parse_token_counts(const std::string& text) {
+  const std::string usage = "--tokens-per-rank '" + text + "'";
+  std::vector<std::int64_t> counts;
+  std::size_t begin = 0;
+  for (;;) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    std::string entry = text.substr(begin, end - begin);
+    entry.erase(0, entry.find_first_not_of(" \t"));
+    entry.erase(entry.find_last_not_of(" \t") + 1);
+    if (entry.empty()) throw_bad_input(usage + " has an empty entry: give one count per rank, e.g. 128,0,7,64");
+    std::size_t used = 0;
+    long long count = -1;
+    try {
+      count = std::stoll(entry, &used, 10);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != entry.size() || entry[0] == '+') {
+      throw_bad_input(usage + ": '" + entry + "' is not a token count; give one count per rank, e.g. 128,0,7,64");
+    }
+    if (count < 0) throw_bad_input(usage + ": " + entry + " tokens is negative: use 0 or more");
+    counts.push_back(count);
+    if (end == text.size()) break;
+    begin = end + 1;
+  }
+  return counts;
+}
+
+// A layer dimension that a file also gives: an explicit option must agree with the file, and so
+// must a file read earlier (`set_by` names it, empty while none has); otherwise the file sets it.
+// Without the second check the weights' hidden size silently won over the inputs', and the
+// references read the inputs past their rows.
+void take_from_file(CLI::Option* option, std::int64_t& value, std::string& set_by, std::int64_t from_file, const char* what,
+                    const std::string& file) {
   if (option->count() > 0 && value != from_file) {
     throw_bad_input("--" + std::string(what) + " " + std::to_string(value) + " disagrees with " + file + " (" +
                     std::to_string(from_file) + "); drop the option or fix the file");
   }
+  if (!set_by.empty() && value != from_file) {
+    throw_bad_input(set_by + " has " + what + " " + std::to_string(value) + " but " + file + " has " + std::to_string(from_file) +
+                    ": --inputs and --weights must describe the same layer; fix one of the files");
+  }
   value = from_file;
+  set_by = file;
 }
 
 }  // namespace
@@ -46,8 +101,8 @@ void take_from_file(CLI::Option* option, std::int64_t& value, std::int64_t from_
 EpWorld world_from_options(const StepOptions& o, std::int64_t file_tokens) {
   EpWorld world;
   if (o.ranks < 1) throw_bad_input("--ranks " + std::to_string(o.ranks) + ": use 1 or more");
-  if (!o.tokens_per_rank.empty()) {
-    world.tokens_per_rank = o.tokens_per_rank;
+  if (o.tokens_per_rank_given()) {
+    world.tokens_per_rank = parse_token_counts(o.tokens_per_rank_text);
   } else if (file_tokens >= 0) {
     world.tokens_per_rank = split_tokens_evenly(file_tokens, o.ranks);
   } else {
@@ -68,23 +123,55 @@ EpWorld world_from_options(const StepOptions& o, std::int64_t file_tokens) {
   return world;
 }
 
+namespace {
+
+std::uint64_t file_size_or_zero(const std::string& path) {
+  std::error_code error;
+  const auto size = path.empty() ? 0 : std::filesystem::file_size(path, error);
+  return error ? 0 : static_cast<std::uint64_t>(size);
+}
+
+// The step's memory limit and where it comes from, for the message.
+struct MemoryLimit {
+  std::uint64_t bytes = 0;  // 0: none known
+  std::string source;
+};
+
+MemoryLimit memory_limit(const StepOptions& o) {
+  if (!o.max_memory.empty()) return {parse_memory_size(o.max_memory, "--max-memory"), "--max-memory"};
+  return {available_memory_bytes(), "the memory available on this machine"};
+}
+
+}  // namespace
+
 PreparedStep prepare_step(const StepOptions& options) {
   StepOptions o = options;
   PreparedStep step;
   StepInputs loaded;
+  // Checked before anything large exists: files first (they are read whole), then the data
+  // the world implies, then, once the routing is known, the executor's buffers.
+  const MemoryLimit limit = memory_limit(o);
+  const std::uint64_t file_bytes = file_size_or_zero(o.inputs_path) + file_size_or_zero(o.weights_path);
+  if (limit.bytes != 0 && file_bytes > limit.bytes) {
+    throw_bad_input("--inputs and --weights hold " + memory_text(file_bytes) + ", more than " + limit.source + " (" +
+                    memory_text(limit.bytes) + "): they cannot be read");
+  }
+  std::string hidden_from, ffn_from, experts_from;  // the file that set each dimension, if one did
   if (!o.inputs_path.empty()) {
     loaded = load_step_inputs(o.inputs_path, parse_dtype(o.dtype));
-    take_from_file(o.hidden_option, o.hidden, loaded.input.cols, "hidden", o.inputs_path);
-    take_from_file(o.experts_option, o.experts, loaded.experts, "experts", o.inputs_path);
+    take_from_file(o.hidden_option, o.hidden, hidden_from, loaded.input.cols, "hidden", o.inputs_path);
+    take_from_file(o.experts_option, o.experts, experts_from, loaded.experts, "experts", o.inputs_path);
   }
   if (!o.weights_path.empty()) {
     const WeightsShape shape = inspect_weights(o.weights_path);
-    take_from_file(o.hidden_option, o.hidden, shape.hidden, "hidden", o.weights_path);
-    take_from_file(o.ffn_option, o.ffn_hidden, shape.ffn_hidden, "ffn-hidden", o.weights_path);
-    take_from_file(o.experts_option, o.experts, shape.num_experts, "experts", o.weights_path);
+    take_from_file(o.hidden_option, o.hidden, hidden_from, shape.hidden, "hidden", o.weights_path);
+    take_from_file(o.ffn_option, o.ffn_hidden, ffn_from, shape.ffn_hidden, "ffn-hidden", o.weights_path);
+    take_from_file(o.experts_option, o.experts, experts_from, shape.num_experts, "experts", o.weights_path);
   }
   step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
   const MoeConfig& layer = step.world.layer;
+  StepMemoryInputs memory{&step.world, nullptr, o.plan.tile_m, o.strategies, file_bytes, true};
+  check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
 
   std::vector<std::vector<float>> logits;
   if (!o.inputs_path.empty()) {
@@ -99,6 +186,8 @@ PreparedStep prepare_step(const StepOptions& options) {
   }
   step.routing = route_world(step.world, logits);
   step.logits = std::move(logits);
+  memory.routing = &step.routing;
+  check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
   if (!o.weights_path.empty()) {
     step.weights = load_weights(o.weights_path, layer);
     step.source += ", weights from " + o.weights_path;

@@ -16,10 +16,15 @@
 
 namespace tilemoe::cli {
 
+// Option checks shared by the subcommands (CLI11 accepts these values on its own).
+extern const CLI::Validator kNotNegative;       // for unsigned options: "-1" is refused, not wrapped
+
 struct StepOptions {
   int ranks = 4;
   std::int64_t tokens = 128;  // per rank, unless tokens_per_rank is given
-  std::vector<std::int64_t> tokens_per_rank;
+  std::string tokens_per_rank_text;  // "128,0,7,64", split and checked by world_from_options
+  CLI::Option* tokens_per_rank_option = nullptr;
+  bool tokens_per_rank_given() const { return tokens_per_rank_option != nullptr && tokens_per_rank_option->count() > 0; }
   std::int64_t hidden = 256, ffn_hidden = 896, experts = 8, top_k = 2;  // Mixtral's proportions, small
   std::string activation = "swiglu";
   bool renormalize = false;
@@ -29,6 +34,8 @@ struct StepOptions {
   std::uint64_t seed = 1;
   std::string inputs_path, weights_path;
   PlanOptions plan;
+  std::string max_memory;  // --max-memory; empty: the memory this machine has available
+  int strategies = 1;      // how many strategies the command runs one after another (memory estimate)
 
   CLI::Option* tokens_option = nullptr;
   CLI::Option* hidden_option = nullptr;
@@ -52,7 +59,9 @@ struct PreparedStep {
 EpWorld world_from_options(const StepOptions& options, std::int64_t file_tokens = -1);
 
 // Builds the step: the layer from the options and the files, inputs and logits from
-// --inputs or synthetic, weights from --weights or random; routes every rank.
+// --inputs or synthetic, weights from --weights or random; routes every rank. Before the data
+// and again before the weights and the run, the step's memory is estimated and a step that
+// would not fit (--max-memory, or what the machine has available) is refused (bad input).
 PreparedStep prepare_step(const StepOptions& options);
 
 }  // namespace tilemoe::cli

@@ -1,6 +1,7 @@
 #include "shm_transport.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -44,6 +45,11 @@ ShmTransport::ShmTransport(int world_size, std::chrono::nanoseconds timeout)
       link_free_at_(static_cast<std::size_t>(world_size)) {
   if (world_size < 1) throw_bad_input("a transport needs at least one rank");
   if (timeout.count() <= 0) throw_bad_input("the wait timeout must be positive");
+  // now() + timeout must not overflow the clock; a bound of days is no bound anyway
+  if (timeout > kMaxWaitTimeout) {
+    throw_bad_input("the wait timeout of " + std::to_string(std::chrono::duration_cast<std::chrono::hours>(timeout).count()) +
+                    " h is more than a day: use a shorter one");
+  }
 }
 
 int ShmTransport::alloc_symmetric(std::size_t bytes) {
@@ -67,16 +73,41 @@ void ShmTransport::put(int src_rank, int dest_rank, int handle, std::size_t offs
   }
   std::memcpy(buffer.per_rank.at(static_cast<std::size_t>(dest_rank)).get() + offset, src, bytes);
   if (link_bytes_per_second_ <= 0.0 || src_rank == dest_rank) return;
-  const auto duration = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(static_cast<double>(bytes) / link_bytes_per_second_));
+  // In double seconds until it is known to fit the timeout: bytes / a tiny rate overflows any
+  // integer duration.
+  const double seconds = static_cast<double>(bytes) / link_bytes_per_second_;
   std::chrono::steady_clock::time_point done;
   {
     std::lock_guard<std::mutex> lock(link_mutex_);
     auto& free_at = link_free_at_.at(static_cast<std::size_t>(src_rank));
-    free_at = std::max(free_at, std::chrono::steady_clock::now()) + duration;
+    const auto now = std::chrono::steady_clock::now();
+    const auto start = std::max(free_at, now);
+    const double busy = std::chrono::duration<double>(start - now).count() + seconds;
+    const double bound = std::chrono::duration<double>(timeout_).count();
+    if (!(busy <= bound)) {
+      char text[256];
+      std::snprintf(text, sizeof text,
+                    "rank %d's emulated link (%.3g MB/s) would be busy for %.3g ms sending %zu bytes to rank %d "
+                    "(with the sends queued before them), longer than the wait bound of %.0f ms: raise --link-mbps "
+                    "(0 = unlimited) or --timeout-ms",
+                    src_rank, link_bytes_per_second_ / 1e6, busy * 1e3, bytes, dest_rank, bound * 1e3);
+      throw_bad_input(text);
+    }
+    free_at = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
     done = free_at;
   }
-  std::this_thread::sleep_until(done);
+  sleep_until(done);
+}
+
+void ShmTransport::sleep_until(std::chrono::steady_clock::time_point until) const {
+  // short enough that a failing step ends promptly, long enough to cost nothing
+  constexpr auto kSlice = std::chrono::milliseconds(5);
+  for (;;) {
+    if (aborted()) throw Error(ErrorKind::Internal, kAborted);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) return;
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(until - now, kSlice));
+  }
 }
 
 void ShmTransport::resize_flags(int rank, std::size_t count) {
@@ -119,9 +150,10 @@ void ShmTransport::wait(int rank, std::uint32_t flag, std::uint32_t expected, in
     if (aborted()) throw Error(ErrorKind::Internal, kAborted);
     if (std::chrono::steady_clock::now() >= deadline) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_).count();
+      const std::string whom = from_rank == rank ? "its own work (no peer is involved: raise --timeout-ms if the step is just slow)"
+                                                 : "rank " + std::to_string(from_rank);
       throw Error(ErrorKind::Timeout,
-                  "rank " + std::to_string(rank) + " timed out after " + std::to_string(ms) + " ms waiting for rank " +
-                      std::to_string(from_rank) + ": flag " + std::to_string(flag) + " reached " +
+                  "rank " + std::to_string(rank) + " timed out after " + std::to_string(ms) + " ms waiting for " + whom + ": flag " + std::to_string(flag) + " reached " +
                       std::to_string(cell.load(std::memory_order_acquire)) + " of " + std::to_string(expected) +
                       " signals" + (what ? " (" + what() + ")" : std::string()));
     }

@@ -15,6 +15,10 @@
 
 namespace tilemoe::cpu {
 
+// The longest wait bound a transport accepts: now() + timeout stays far from the clock's
+// overflow, and a wait of more than a day is no bound.
+constexpr std::chrono::hours kMaxWaitTimeout{24};
+
 class ShmTransport {
  public:
   using Describe = std::function<std::string()>;
@@ -34,6 +38,9 @@ class ShmTransport {
   // Copies into a peer's buffer. Visible to the peer once a later signal() is acquired.
   // With a link rate set, a put to another rank also takes bytes / rate of wall time on the
   // source rank's outgoing link, which its communication workers share (link emulation).
+  // That time is a wait like any other: a put that would occupy the link for longer than
+  // timeout() (this one plus the sends queued before it) is a bad-input error naming the rate,
+  // and the sleep ends early with the abort error when another worker fails.
   void put(int src_rank, int dest_rank, int handle, std::size_t offset, const void* src, std::size_t bytes);
   void set_link_rate(double bytes_per_second) { link_bytes_per_second_ = bytes_per_second; }
 
@@ -49,6 +56,10 @@ class ShmTransport {
 
   // All ranks meet; bounded like every wait.
   void barrier(int rank);
+
+  // Sleeps until `until` in short slices; throws the abort error (is_abort_error) as soon as
+  // another worker has failed, so that no sleeper holds up a failing step.
+  void sleep_until(std::chrono::steady_clock::time_point until) const;
 
   // Makes every current and later wait fail fast; the step is failing.
   void abort();

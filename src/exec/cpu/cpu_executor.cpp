@@ -1,6 +1,7 @@
 #include "tilemoe/cpu_executor.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -19,14 +20,34 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The options' timeout as the transport's nanoseconds, refused before the conversion when it
+// is out of range (milliseconds past about 9.2e12 overflow nanoseconds, and the transport then
+// called the wrapped value "not positive").
+std::chrono::nanoseconds wait_bound(std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) throw_bad_input("the wait timeout must be at least 1 ms");
+  if (timeout > cpu::kMaxWaitTimeout) {
+    throw_bad_input("the wait timeout of " + std::to_string(timeout.count()) + " ms is more than a day (" +
+                    std::to_string(std::chrono::milliseconds(cpu::kMaxWaitTimeout).count()) + " ms): use a shorter one");
+  }
+  return timeout;
+}
+
 class StepRunner {
  public:
   StepRunner(const std::vector<StepPlan>& plans, const ExpertWeights& weights, const std::vector<Matrix>& inputs,
              const CpuRunOptions& options)
       : plans_(plans), weights_(weights), options_(options),
-        transport_(static_cast<int>(plans.size()), options.timeout), claims_(plans.size() * 2) {
+        transport_(static_cast<int>(plans.size()), wait_bound(options.timeout)), claims_(plans.size() * 2) {
     check_inputs(inputs);
-    if (options.link_gbps < 0.0) throw_bad_input("the link rate must be 0 (unlimited) or positive");
+    if (!std::isfinite(options.link_gbps) || options.link_gbps < 0.0) {
+      throw_bad_input("the link rate must be 0 (unlimited) or positive and finite");
+    }
+    // A task delayed past the bound of every wait makes its waiters time out by construction.
+    if (std::chrono::microseconds(options.max_delay_us) >= options.timeout) {
+      throw_bad_input("a random delay of up to " + std::to_string(options.max_delay_us) + " us before each task is not shorter than " +
+                      "the wait bound of " + std::to_string(options.timeout.count()) +
+                      " ms, so waits would expire by design: lower --delay-us or raise --timeout-ms");
+    }
     transport_.set_link_rate(options.link_gbps * 1e9);
     allocate(inputs);
   }
@@ -183,7 +204,8 @@ class StepRunner {
     }
     auto describe = [&](const Blocked& b) {
       const StepPlan& p = plans_[static_cast<std::size_t>(b.rank)];
-      return "rank " + std::to_string(b.rank) + " waits for rank " + std::to_string(b.wait.from_rank) + " (flag " +
+      const std::string whom = b.wait.from_rank == b.rank ? "its own work" : "rank " + std::to_string(b.wait.from_rank);
+      return "rank " + std::to_string(b.rank) + " waits for " + whom + " (flag " +
              std::to_string(b.wait.flag) + ": " + std::to_string(transport_.flag_value(b.rank, b.wait.flag)) + " of " +
              std::to_string(b.wait.expected) + " signals, before " + describe_task(p, b.task) + ")";
     };
@@ -196,7 +218,15 @@ class StepRunner {
     std::string report = "step timed out after " + std::to_string(ms) + " ms: ";
     if (blocked.empty()) return report + "no worker was blocked at that moment";
     report += describe(blocked.front());
-    if (suspect >= 0) report += "; rank " + std::to_string(suspect) + " is the peer most waited for";
+    if (suspect >= 0) {
+      report += "; rank " + std::to_string(suspect) + " is the peer most waited for (if it is merely slow: a large step, a slow "
+                "--link-mbps or --delay-us, raise --timeout-ms)";
+    } else {
+      // Only waits of ranks on themselves: no peer stalled, a rank's own tasks were too slow
+      // (a large step on a busy machine, a slow --link-mbps, --delay-us).
+      report += "; no rank waits for another: rank " + std::to_string(blocked.front().rank) +
+                "'s own work did not finish in time; if the step is just slow, raise --timeout-ms";
+    }
     const std::size_t shown = std::min<std::size_t>(blocked.size(), 6);
     if (blocked.size() > 1) report += "; also blocked:";
     for (std::size_t i = 1; i < shown; ++i) report += " " + describe(blocked[i]) + ";";
@@ -218,7 +248,7 @@ class StepRunner {
         const std::size_t position = claim.fetch_add(1, std::memory_order_relaxed);
         if (position >= queue.size()) return;
         const TaskRef task = queue[position];
-        if (options_.max_delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay(rng)));
+        if (options_.max_delay_us > 0) transport_.sleep_until(Clock::now() + std::chrono::microseconds(delay(rng)));
         wait_for(p, task, state);
         TaskRecord record{rank, cls, index, task, elapsed_ns(), 0};
         execute(p, task, scratch);

@@ -44,7 +44,9 @@ StepStats summarize(const std::vector<StepPlan>& plans, const std::vector<TaskRe
   return stats;
 }
 
-void write_trace(const std::string& path, const std::vector<TracedStep>& steps) {
+void write_trace(const std::string& path, const std::vector<TracedStep>& steps) { stage_trace(path, steps).commit(); }
+
+StagedFile stage_trace(const std::string& path, const std::vector<TracedStep>& steps) {
   using nlohmann::json;
   json events = json::array();
   double offset_us = 0.0;  // each step starts where the previous one ended, plus a gap
@@ -124,7 +126,7 @@ void write_trace(const std::string& path, const std::vector<TracedStep>& steps) 
     offset_us = ts(end_ns) + 100.0;
     pid_base += static_cast<int>(plans.size());
   }
-  write_trace_events(path, events);
+  return stage_trace_events(path, events);
 }
 
 }  // namespace tilemoe
