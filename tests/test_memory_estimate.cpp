@@ -50,9 +50,9 @@ TEST(MemoryEstimate, SizesParseWithBinarySuffixes) {
   EXPECT_GT(available_memory_bytes(), 0u) << "Linux has /proc/meminfo";
 }
 
-TEST(MemoryEstimate, PaddingIsCountedOnlyForGroupsThatHaveRows) {
-  // 64 ranks without tokens: no group of rows, so no padding (counting tile_m rows for every
-  // (expert, source) pair made such a world look like gigabytes)
+TEST(MemoryEstimate, RanksWithoutTokensNeedNoExpertRows) {
+  // 64 ranks without tokens: no rows anywhere (counting a tile's padding for every (expert,
+  // source) pair once made such a world look like gigabytes)
   const EpWorld world = tilemoe::testing::make_world(std::vector<std::int64_t>(64, 0), 4096, 14336, 64, 1);
   const std::vector<Routing> routing(64, Routing{});
   StepMemoryInputs in;

@@ -26,7 +26,6 @@ struct StepMemoryInputs {
   // the routing, once known: the executor's buffers follow the rows each rank receives; without
   // it they are not counted yet (the first check, before the data exists)
   const std::vector<Routing>* routing = nullptr;
-  std::int64_t tile_m = 16;        // padding of each expert's rows, per source rank
   int strategies = 1;              // how many strategies run one after another, results kept
   std::uint64_t file_bytes = 0;    // --inputs and --weights, read whole into memory
   bool fp64_reference = true;      // whether the fp64 reference is computed

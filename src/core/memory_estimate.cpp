@@ -67,8 +67,8 @@ StepMemory estimate_step_memory(const StepMemoryInputs& in) {
   m.results = mul(u(in.strategies), add(mul(mul(tokens, h), element), mul(mul(tokens, k), 12)));
   if (in.routing != nullptr) {
     // Every rank's buffers are as large as the largest rank's (symmetric allocation). Expert
-    // rows: the kept slots routed to the rank's experts, plus the padding of their groups;
-    // combine rows: the rank's own kept slots.
+    // rows: the kept slots routed to the rank's experts (no strategy pads them); combine rows:
+    // the rank's own kept slots.
     const std::uint64_t local_experts = ranks > 0 ? experts / ranks : 0;
     std::vector<std::uint64_t> received(ranks, 0);
     std::uint64_t max_tokens = 0, max_combine = 0;
@@ -84,13 +84,8 @@ StepMemory estimate_step_memory(const StepMemoryInputs& in) {
       max_tokens = std::max(max_tokens, u(world.tokens_per_rank[r]));
       max_combine = std::max(max_combine, kept);
     }
-    // Each non-empty (local expert, source rank) group is padded by fewer than tile_m rows, and
-    // there are no more non-empty groups than rows received.
     std::uint64_t max_expert_rows = 0;
-    for (const std::uint64_t rows : received) {
-      const std::uint64_t groups = std::min(mul(local_experts, ranks), rows);
-      max_expert_rows = std::max(max_expert_rows, add(rows, mul(groups, in.tile_m > 1 ? u(in.tile_m) - 1 : 0)));
-    }
+    for (const std::uint64_t rows : received) max_expert_rows = std::max(max_expert_rows, rows);
     const std::uint64_t per_rank = add(add(mul(mul(max_tokens, h), 2 * element),          // Input, Output
                                            mul(mul(max_expert_rows, h), 2 * element)),     // ExpertIn, ExpertOut
                                        add(mul(mul(max_expert_rows, f), element),          // Activation

@@ -170,7 +170,7 @@ PreparedStep prepare_step(const StepOptions& options) {
   }
   step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
   const MoeConfig& layer = step.world.layer;
-  StepMemoryInputs memory{&step.world, nullptr, o.plan.tile_m, o.strategies, file_bytes, true};
+  StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, true};
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
 
   std::vector<std::vector<float>> logits;
