@@ -141,29 +141,27 @@ StepLayout build_layout(const EpWorld& world, const std::vector<Routing>& routin
     layout.combine_source_row[static_cast<std::size_t>(owner)].assign(
         static_cast<std::size_t>(world.tokens_per_rank[static_cast<std::size_t>(owner)] * k), -1);
   }
-  // groups of one rank are expert-major, so visiting ranks then their groups in expert
-  // order visits (rank, expert) regions in order for every owner
+  // groups of one rank are expert-major (built expert by expert above), so visiting ranks,
+  // then their groups in order, visits (rank, expert) regions in order for every owner
   for (int rank = 0; rank < world_size; ++rank) {
-    for (std::int64_t le = 0; le < per_rank; ++le) {
-      for (TokenGroup& group : layout.ranks[static_cast<std::size_t>(rank)].groups) {
-        if (group.local_expert != le) continue;
-        const int owner = group.src_rank;
-        std::int64_t& next = layout.combine_rows[static_cast<std::size_t>(owner)];
-        group.combine_row = next;
-        const Routing& r = routing[static_cast<std::size_t>(owner)];
-        const auto global = static_cast<std::int32_t>(rank * per_rank + le);
-        for (std::size_t i = 0; i < group.tokens.size(); ++i) {
-          const std::int64_t token = group.tokens[i];
-          for (std::int64_t j = 0; j < k; ++j) {
-            const std::size_t s = r.slot(token, j);
-            if (r.expert[s] == global) {
-              layout.combine_source_row[static_cast<std::size_t>(owner)][s] =
-                  next + static_cast<std::int64_t>(i);
-            }
+    for (TokenGroup& group : layout.ranks[static_cast<std::size_t>(rank)].groups) {
+      const std::int64_t le = group.local_expert;
+      const int owner = group.src_rank;
+      std::int64_t& next = layout.combine_rows[static_cast<std::size_t>(owner)];
+      group.combine_row = next;
+      const Routing& r = routing[static_cast<std::size_t>(owner)];
+      const auto global = static_cast<std::int32_t>(rank * per_rank + le);
+      for (std::size_t i = 0; i < group.tokens.size(); ++i) {
+        const std::int64_t token = group.tokens[i];
+        for (std::int64_t j = 0; j < k; ++j) {
+          const std::size_t s = r.slot(token, j);
+          if (r.expert[s] == global) {
+            layout.combine_source_row[static_cast<std::size_t>(owner)][s] =
+                next + static_cast<std::int64_t>(i);
           }
         }
-        next += group.rows;
       }
+      next += group.rows;
     }
   }
   return layout;
