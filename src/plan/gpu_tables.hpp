@@ -32,6 +32,10 @@ struct GemmTileEntry {
 };
 static_assert(sizeof(GemmTileEntry) == 20);
 
+// The most bands one consumer segment ships: the band consumer holds a segment's bands in
+// shared memory.
+constexpr int kMaxBandsPerSegment = 32;
+
 // A row band of the local experts' rows: [row_begin, row_begin + rows), rows <= 128, ready
 // when its flag `id` has counted every column tile of the band.
 struct TileBand {

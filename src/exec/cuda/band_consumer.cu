@@ -10,7 +10,6 @@ namespace tilemoe::cuda {
 namespace {
 
 constexpr int kConsumerThreads = 512;
-constexpr int kMaxBandsPerSegment = 32;
 
 // One thread: this rank's GEMM flag >= expected (GPU scope: the producer is on this GPU),
 // bounded like every other wait.

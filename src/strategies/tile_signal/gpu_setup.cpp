@@ -12,7 +12,6 @@ namespace tilemoe::cuda {
 
 namespace {
 
-constexpr int kMaxBandsPerSegment = 32;  // the band consumer keeps a segment's bands in shared memory
 constexpr double kOverlapMargin = 0.03;  // auto overlaps only where the model sees a 3% win
 
 int column_tiles(const TileSignalGpuShape& s) { return static_cast<int>((s.hidden + kPlannedTileN - 1) / kPlannedTileN); }
