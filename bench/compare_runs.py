@@ -8,6 +8,7 @@ markdown table of after / before per case and a verdict line: how many cases are
 limit (or faster), and whether every overlapped output was bitwise equal to sequential. Exit 0
 always when both files were read: a timing is judged by the reader of the table, not by a test.
 """
+import argparse
 import json
 import sys
 
@@ -34,15 +35,13 @@ def keyed(rows):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    limit = 1.03
-    if "--limit" in sys.argv:
-        limit = float(sys.argv[sys.argv.index("--limit") + 1])
-        args = [a for a in args if a != str(sys.argv[sys.argv.index("--limit") + 1])]
-    if len(args) != 2:
-        print(__doc__)
-        return 2
-    before, after = keyed(records(args[0])), keyed(records(args[1]))
+    parser = argparse.ArgumentParser(description="after / before per benchmark case of one device call")
+    parser.add_argument("before")
+    parser.add_argument("after")
+    parser.add_argument("--limit", type=float, default=1.03, help="after / before counted as within (default 1.03)")
+    args = parser.parse_args()
+    limit = args.limit
+    before, after = keyed(records(args.before)), keyed(records(args.after))
     print("| case | before ms | after ms | after / before | bitwise (after) |")
     print("|---|---|---|---|---|")
     within = compared = 0

@@ -39,6 +39,22 @@ struct ExpertFfn::Impl {
   bool gelu = false;
   std::int64_t gemm0_n = 0;  // 2 * ffn (gate/up interleaved) for SwiGLU, ffn for GELU
   int checked_rows(std::int64_t rows_bound) const;  // rows_bound within max_rows
+  // One planned GEMM over the local experts: table entries (count at *count) of A's rows times
+  // each expert's B (N x K) into D.
+  PlannedGemmRun planned_run(const GemmTileEntry* table, const int* count, const __nv_bfloat16* A, int a_rows,
+                             const __nv_bfloat16* B, __nv_bfloat16* D, int N, int K) const {
+    PlannedGemmRun r;
+    r.table = table;
+    r.count = count;
+    r.A = A;
+    r.a_rows = a_rows;
+    r.B = B;
+    r.groups = static_cast<int>(experts);
+    r.D = D;
+    r.N = N;
+    r.K = K;
+    return r;
+  }
   DeviceArray<__nv_bfloat16> h, act;
   std::unique_ptr<GroupedGemm> gemm0, gemm1;        // GemmPath::Stock
   std::unique_ptr<PlannedGemm> planned0, planned1;  // GemmPath::Planned
@@ -183,17 +199,9 @@ void ExpertFfn::run_gemm0(cudaStream_t stream, const int* row_offset, const __nv
   const int E = static_cast<int>(m.experts), H = static_cast<int>(m.layer.hidden);
   const int a_rows = m.checked_rows(rows_bound);
   if (m.path == GemmPath::Planned) {
-    PlannedGemmRun r;
-    r.table = m.table0.data();
-    r.count = m.table_count.data();
-    r.A = rows;
-    r.a_rows = a_rows;
-    r.B = w0_.data();
-    r.groups = E;
-    r.D = m.act.data();  // the activation is fused: GEMM0 writes act directly
-    r.N = static_cast<int>(m.gemm0_n);
-    r.K = H;
-    m.planned0->run(stream, r);
+    // the activation is fused: GEMM0 writes act directly
+    m.planned0->run(stream, m.planned_run(m.table0.data(), m.table_count.data(), rows, a_rows, w0_.data(), m.act.data(),
+                                          static_cast<int>(m.gemm0_n), H));
   } else {
     m.gemm0->run(stream, E, row_offset, rows, w0_.data(), m.h.data(), static_cast<int>(m.gemm0_n), H);
   }
@@ -211,16 +219,7 @@ void ExpertFfn::run_gemm1(cudaStream_t stream, const int* row_offset, std::int64
   const int E = static_cast<int>(m.experts), H = static_cast<int>(m.layer.hidden), F = static_cast<int>(m.layer.ffn_hidden);
   const int a_rows = m.checked_rows(rows_bound);
   if (m.path == GemmPath::Planned) {
-    PlannedGemmRun r;
-    r.table = m.table1.data();
-    r.count = m.table_count.data() + 1;
-    r.A = m.act.data();
-    r.a_rows = a_rows;
-    r.B = w2_.data();
-    r.groups = E;
-    r.D = y;
-    r.N = H;
-    r.K = F;
+    PlannedGemmRun r = m.planned_run(m.table1.data(), m.table_count.data() + 1, m.act.data(), a_rows, w2_.data(), y, H, F);
     r.flags = gemm1_flags;
     r.tile_times = gemm1_tile_times;
     m.planned1->run(stream, r);
