@@ -90,30 +90,31 @@ StagedFile stage_trace(const std::string& path, const std::vector<TracedStep>& s
       end_ns = std::max(end_ns, r.end_ns);
     }
     // a flow to every segment from the tile that completed a row band's ready flag it waits for
+    // (flags of one row band only: a phase counter raised by many bands would draw a thicket)
     for (const StepPlan& p : plans) {
-      std::map<std::uint32_t, std::vector<std::uint32_t>> tiles_of_flag;
+      struct BandFlag {
+        const GemmTile* first = nullptr;  // its first tile, for the band it belongs to
+        bool one_band = true;
+        const TaskRecord* last = nullptr;  // the tile that completed it
+      };
+      std::map<std::uint32_t, BandFlag> band_flags;
       for (std::uint32_t i = 0; i < p.tiles.size(); ++i) {
-        if (p.tiles[i].signal_flag != kNoFlag) tiles_of_flag[static_cast<std::uint32_t>(p.tiles[i].signal_flag)].push_back(i);
+        const GemmTile& t = p.tiles[i];
+        if (t.signal_flag == kNoFlag) continue;
+        BandFlag& f = band_flags[static_cast<std::uint32_t>(t.signal_flag)];
+        if (f.first == nullptr) f.first = &t;
+        f.one_band = f.one_band && t.expert == f.first->expert && t.row_begin == f.first->row_begin;
+        auto tile = placed.find({p.rank, {static_cast<int>(TaskKind::Gemm), i}});
+        if (tile != placed.end() && (f.last == nullptr || tile->second->end_ns > f.last->end_ns)) f.last = tile->second;
       }
       for (std::uint32_t si = 0; si < p.segments.size(); ++si) {
         const Segment& s = p.segments[si];
         auto seg = placed.find({p.rank, {static_cast<int>(TaskKind::Segment), si}});
         if (seg == placed.end()) continue;
         for (std::uint32_t w = s.wait_begin; w < s.wait_begin + s.wait_count; ++w) {
-          auto tiles = tiles_of_flag.find(p.waits[w].flag);
-          if (tiles == tiles_of_flag.end()) continue;
-          // ready flags of one row band only (a phase counter raised by many bands would draw a
-          // thicket): the arrow starts at the tile that completed the band
-          const GemmTile& first = p.tiles[tiles->second.front()];
-          const TaskRecord* last = nullptr;
-          bool one_band = true;
-          for (std::uint32_t ti : tiles->second) {
-            one_band = one_band && p.tiles[ti].expert == first.expert && p.tiles[ti].row_begin == first.row_begin;
-            auto tile = placed.find({p.rank, {static_cast<int>(TaskKind::Gemm), ti}});
-            if (tile != placed.end() && (last == nullptr || tile->second->end_ns > last->end_ns)) last = tile->second;
-          }
-          if (!one_band || last == nullptr) continue;
-          const TaskRecord& a = *last;
+          auto flag = band_flags.find(p.waits[w].flag);
+          if (flag == band_flags.end() || !flag->second.one_band || flag->second.last == nullptr) continue;
+          const TaskRecord& a = *flag->second.last;
           const TaskRecord& b = *seg->second;
           const std::uint64_t id = events.size();
           events.push_back({{"ph", "s"}, {"name", "ready"}, {"cat", "flag"}, {"id", id}, {"pid", pid_base + a.rank}, {"tid", tid(a)},
