@@ -60,3 +60,20 @@ TEST(MemoryEstimate, RanksWithoutTokensNeedNoExpertRows) {
   in.routing = &routing;
   EXPECT_LT(estimate_step_memory(in).executor, 1u << 20);
 }
+
+TEST(MemoryEstimate, TheCudaBackendsHostOracleCountsNoWholeStepOnTheCpu) {
+  // the CUDA backend checks its output on a bounded token sample: the CPU engine's buffers and
+  // the dense reference of every token are never allocated, and must not refuse such a step
+  const EpWorld world = tilemoe::testing::make_world({100, 100}, 64, 128, 4, 2);
+  const auto step = tilemoe::testing::make_case(world, RoutingPattern::Balanced, 3);
+  StepMemoryInputs in;
+  in.world = &world;
+  in.routing = &step.routing;
+  const StepMemory cpu = estimate_step_memory(in);
+  in.cpu_engine = false;
+  const StepMemory cuda = estimate_step_memory(in);
+  EXPECT_GT(cpu.executor, 0u);
+  EXPECT_EQ(cuda.executor, 0u);
+  EXPECT_LT(cuda.references, cpu.references);
+  EXPECT_EQ(cuda.weights, cpu.weights) << "the host still holds every expert's weights (to upload them and for the oracle)";
+}

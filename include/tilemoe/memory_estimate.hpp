@@ -29,6 +29,9 @@ struct StepMemoryInputs {
   int strategies = 1;              // how many strategies run one after another, results kept
   std::uint64_t file_bytes = 0;    // --inputs and --weights, read whole into memory
   bool fp64_reference = true;      // whether the fp64 reference is computed
+  // whether the CPU engine runs the whole step (its row buffers, plans and the dense
+  // reference); false for the CUDA backend, whose host oracle runs on a bounded token sample
+  bool cpu_engine = true;
 };
 StepMemory estimate_step_memory(const StepMemoryInputs& inputs);
 

@@ -205,6 +205,13 @@ for step in "${steps[@]}"; do
       done ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
+    cli-large)  # sizes past the GPU refused at once with the bytes needed; a large step checked on a token sample
+      expect_refusal cli-gpu-memory "of GPU memory" "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 400000 --hidden 7168 \
+        --ffn-hidden 2048 --experts 256 --top-k 8
+      expect_refusal cli-gpu-memory-1 "of GPU memory" "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 2000000 --hidden 7168 \
+        --ffn-hidden 2048 --experts 256 --top-k 8
+      run_step cli-sampled "$bin/tilemoe" run --backend cuda --ranks 4 --tokens 4096 --hidden 4096 --ffn-hidden 8192 --experts 8 \
+        --top-k 2 --strategy tile_signal ;;
     cli-ep)
       run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4
       run_step cli-ep-partitions "$bin/tilemoe" run --backend cuda --ranks 4 --sms-per-rank 32 --link-gbps 50

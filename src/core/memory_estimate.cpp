@@ -62,10 +62,10 @@ StepMemory estimate_step_memory(const StepMemoryInputs& in) {
   // routing (expert id, weight, kept flag per slot), the files as read
   m.data = add(add(mul(mul(tokens, h), element + 4), mul(mul(tokens, experts), 8)), add(mul(mul(tokens, k), 9), in.file_bytes));
   m.weights = mul(mul(mul(experts, h), f), 4 * (layer.activation == Activation::SwiGLU ? 3 : 2));
-  m.references = add(mul(mul(tokens, h), element), in.fp64_reference ? mul(mul(tokens, h), 8) : 0);
+  m.references = add(in.cpu_engine ? mul(mul(tokens, h), element) : 0, in.fp64_reference ? mul(mul(tokens, h), 8) : 0);
   // per strategy: the output of every rank, and the plan's per-slot tables (source row, weight)
   m.results = mul(u(in.strategies), add(mul(mul(tokens, h), element), mul(mul(tokens, k), 12)));
-  if (in.routing != nullptr) {
+  if (in.routing != nullptr && in.cpu_engine) {
     // Every rank's buffers are as large as the largest rank's (symmetric allocation). Expert
     // rows: the kept slots routed to the rank's experts (no strategy pads them); combine rows:
     // the rank's own kept slots.

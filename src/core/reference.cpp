@@ -42,6 +42,32 @@ void check_step_shapes(const EpWorld& world, const std::vector<Matrix>& inputs, 
   }
 }
 
+// Runs body(first, end, scratch) over [0, rows) in contiguous parts, one thread each. Tokens are
+// independent and each writes only its own output rows, so the result does not depend on the
+// split. The first exception of any part is rethrown after all have ended.
+template <class Body>
+void for_token_ranges(std::int64_t rows, Body&& body) {
+  const std::int64_t threads = std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 64);
+  const std::int64_t per_thread = (rows + threads - 1) / threads;
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  {
+    // jthreads join as the scope ends, also when starting one more throws
+    std::vector<std::jthread> pool;
+    for (std::int64_t first = 0; first < rows; first += per_thread) {
+      pool.emplace_back([&, first] {
+        try {
+          body(first, std::min(rows, first + per_thread));
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+        }
+      });
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+}
+
 }  // namespace
 
 std::vector<Matrix> dense_reference(const EpWorld& world, const std::vector<Matrix>& inputs,
@@ -49,27 +75,29 @@ std::vector<Matrix> dense_reference(const EpWorld& world, const std::vector<Matr
   check_step_shapes(world, inputs, routing, weights);
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
   const DType dtype = world.layer.dtype;
-  std::vector<float> x(static_cast<std::size_t>(h)), act(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h)),
-      acc(static_cast<std::size_t>(h));
   std::vector<Matrix> outputs;
   for (int rank = 0; rank < world.world_size(); ++rank) {
     const Matrix& in = inputs.at(static_cast<std::size_t>(rank));
     const Routing& r = routing.at(static_cast<std::size_t>(rank));
     Matrix out(dtype, in.rows, h);
-    for (std::int64_t t = 0; t < in.rows; ++t) {
-      load_row(in.dtype, in.row(t), static_cast<std::size_t>(h), x.data());
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (std::int64_t j = 0; j < k; ++j) {
-        const std::size_t s = r.slot(t, j);
-        if (!r.kept[s]) continue;
-        math::gemm0_rows(weights, r.expert[s], x.data(), 1, 0, f, act.data());
-        for (float& v : act) v = round_to(dtype, v);  // stored between the GEMMs
-        math::gemm1_rows(weights, r.expert[s], act.data(), 1, 0, h, y.data());
-        for (float& v : y) v = round_to(dtype, v);    // stored after GEMM1
-        math::accumulate_slot(r.weight[s], y.data(), h, acc.data());
+    for_token_ranges(in.rows, [&](std::int64_t first, std::int64_t end) {
+      std::vector<float> x(static_cast<std::size_t>(h)), act(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h)),
+          acc(static_cast<std::size_t>(h));
+      for (std::int64_t t = first; t < end; ++t) {
+        load_row(in.dtype, in.row(t), static_cast<std::size_t>(h), x.data());
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (std::int64_t j = 0; j < k; ++j) {
+          const std::size_t s = r.slot(t, j);
+          if (!r.kept[s]) continue;
+          math::gemm0_rows(weights, r.expert[s], x.data(), 1, 0, f, act.data());
+          for (float& v : act) v = round_to(dtype, v);  // stored between the GEMMs
+          math::gemm1_rows(weights, r.expert[s], act.data(), 1, 0, h, y.data());
+          for (float& v : y) v = round_to(dtype, v);    // stored after GEMM1
+          math::accumulate_slot(r.weight[s], y.data(), h, acc.data());
+        }
+        store_row(dtype, acc.data(), static_cast<std::size_t>(h), out.row(t));
       }
-      store_row(dtype, acc.data(), static_cast<std::size_t>(h), out.row(t));
-    }
+    });
     outputs.push_back(std::move(out));
   }
   return outputs;
@@ -120,27 +148,10 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
         for (std::int64_t c = 0; c < h; ++c) out[static_cast<std::size_t>(t * h + c)] += double(r.weight[s]) * y[static_cast<std::size_t>(c)];
       }
     };
-    // tokens are independent and each writes its own rows: the result does not depend on the split
-    const std::int64_t threads = std::clamp<std::int64_t>(std::thread::hardware_concurrency(), 1, 64);
-    const std::int64_t per_thread = (in.rows + threads - 1) / threads;
-    std::exception_ptr failure;
-    std::mutex failure_mutex;
-    {
-      // jthreads join as the scope ends, also when starting one more throws
-      std::vector<std::jthread> pool;
-      for (std::int64_t first = 0; first < in.rows; first += per_thread) {
-        pool.emplace_back([&, first] {
-          try {
-            std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
-            for (std::int64_t t = first; t < std::min(in.rows, first + per_thread); ++t) token_rows(t, g, u, y);
-          } catch (...) {
-            const std::lock_guard<std::mutex> lock(failure_mutex);
-            if (!failure) failure = std::current_exception();
-          }
-        });
-      }
-    }
-    if (failure) std::rethrow_exception(failure);
+    for_token_ranges(in.rows, [&](std::int64_t first, std::int64_t end) {
+      std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
+      for (std::int64_t t = first; t < end; ++t) token_rows(t, g, u, y);
+    });
     outputs.push_back(std::move(out));
   }
   return outputs;

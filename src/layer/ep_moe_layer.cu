@@ -128,6 +128,48 @@ std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const Ep
       .bytes;
 }
 
+std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeLayerOptions& options, bool remote_peers) {
+  validate_cuda_layer(c);
+  if (world < 1 || c.num_experts % world != 0) {
+    throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
+  }
+  const EpRegionLayout layout =
+      ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, options.receive_rows);
+  const std::int64_t local_experts = c.num_experts / world;
+  const auto H = static_cast<std::size_t>(c.hidden), E = static_cast<std::size_t>(c.num_experts),
+             W = static_cast<std::size_t>(world), L = static_cast<std::size_t>(local_experts);
+  const std::size_t slot_room = std::max<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.top_k, 0)), 1);
+  const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
+  DeviceFootprint f = LayerRouting::device_bytes(c);
+  if (!remote_peers) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
+  f.add(1, sizeof(std::uint64_t));                                  // epoch
+  f.add(L + 1, sizeof(int));                                        // local_row_offset
+  f.add(L * W + 1, sizeof(int));                                    // block_offset
+  f.add(L * W, sizeof(int));                                        // return_offset
+  if (options.dispatch == DispatchPath::Host) {
+    f.add(W * (E + 1), sizeof(int));                             // gathered
+    f.add(2 * 3 * E, sizeof(int));                               // block_tables
+    f.add(std::max(receive_room, slot_room) * H, sizeof(__nv_bfloat16));  // staging
+  }
+  if (!remote_peers) f.add(receive_room * H, sizeof(__nv_bfloat16));  // y
+  f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
+  const bool may_overlap = options.strategy == Strategy::TileSignal || options.strategy == Strategy::Auto;
+  const std::size_t band_room = static_cast<std::size_t>(max_bands(layout.receive_capacity, static_cast<int>(local_experts)));
+  const std::size_t gemm1_capacity = static_cast<std::size_t>(std::max<std::int64_t>(
+      max_tile_entries(layout.receive_capacity, static_cast<int>(local_experts), static_cast<int>(c.hidden), PlannedCluster::N2), 1));
+  if (may_overlap) {
+    f.add(band_room, sizeof(unsigned));            // band_flags
+    f.add(band_room, sizeof(TileBand));            // bands
+    f.add(1, sizeof(int));                         // band_count
+    f.add(gemm1_capacity, sizeof(GemmTileEntry));  // table_scratch
+  }
+  if (options.record_trace) {
+    f.add(2 * gemm1_capacity, sizeof(unsigned long long));              // tile_times
+    if (may_overlap) f.add(3 * band_room, sizeof(unsigned long long));  // segment_times
+  }
+  return f.bytes();
+}
+
 void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o, EpMoeLayerHarness h) {
   validate_cuda_layer(c);
   if (o.strategy == Strategy::Comet) {

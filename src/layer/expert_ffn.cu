@@ -120,6 +120,31 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
 
 ExpertFfn::~ExpertFfn() = default;
 
+DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path) {
+  const auto H = static_cast<std::size_t>(layer.hidden), F = static_cast<std::size_t>(layer.ffn_hidden);
+  const std::size_t gemm0_n = layer.activation == Activation::GELU ? F : 2 * F;
+  const auto E = static_cast<std::size_t>(experts);
+  const auto row_room = static_cast<std::size_t>(max_rows > 0 ? max_rows : 1);
+  DeviceFootprint f;
+  f.add(E * gemm0_n * H, sizeof(__nv_bfloat16));  // w0
+  f.add(E * H * F, sizeof(__nv_bfloat16));        // w2
+  f.add(row_room * F, sizeof(__nv_bfloat16));     // act
+  // each GEMM object's own small arrays (per-group pointers and strides, workspace, counter)
+  constexpr int kAllocationsPerGemm = 8;
+  for (int i = 0; i < 2 * kAllocationsPerGemm; ++i) f.add(1, 1);
+  if (path == GemmPath::Stock) {
+    f.add(row_room * gemm0_n, sizeof(__nv_bfloat16));  // h
+    return f;
+  }
+  const PlannedCluster cluster = PlannedCluster::N2;
+  f.add(static_cast<std::size_t>(max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(gemm0_n), cluster)),
+        sizeof(GemmTileEntry));
+  f.add(static_cast<std::size_t>(max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(H), cluster)),
+        sizeof(GemmTileEntry));
+  f.add(2, sizeof(int));  // table_count
+  return f;
+}
+
 void ExpertFfn::upload(const ExpertWeights& weights) {
   const Impl& m = *impl_;
   if (weights.hidden != m.layer.hidden || weights.ffn_hidden != m.layer.ffn_hidden ||

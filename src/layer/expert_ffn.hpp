@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "device_footprint.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/config.hpp"
@@ -36,6 +37,8 @@ class ExpertFfn {
             double rows_per_expert, GemmPath path, int device, ExpertFfnOptions options = {});
   ~ExpertFfn();
   ExpertFfn(const ExpertFfn&) = delete;
+  // The device memory the constructor above allocates (DeviceFootprint: pages, an upper bound).
+  static DeviceFootprint device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path);
   ExpertFfn& operator=(const ExpertFfn&) = delete;
 
   // Weights of global experts [first_expert, first_expert + experts) from the host, or drawn

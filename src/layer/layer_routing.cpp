@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <limits>
 
 #include "kernels/moe_kernels.hpp"
 #include "tilemoe/error.hpp"
@@ -26,6 +27,24 @@ void LayerRouting::allocate(const MoeConfig& c) {
   error_token = DeviceArray<int>(1);
   layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts));
   layout_temp = DeviceArray<char>(layout_temp_bytes);
+}
+
+DeviceFootprint LayerRouting::device_bytes(const MoeConfig& c) {
+  const auto slot_room = std::max<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.top_k, 0)), 1);
+  DeviceFootprint f;
+  if (slot_room > INT_MAX / 2) {  // beyond what the layout's int indices hold: refused later, too large here
+    f.add(std::numeric_limits<std::size_t>::max(), 1);
+    return f;
+  }
+  f.add(slot_room, sizeof(std::int32_t));  // expert
+  f.add(slot_room, sizeof(std::int32_t));  // sorted_expert
+  f.add(slot_room, sizeof(float));         // weight
+  f.add(static_cast<std::size_t>(c.num_experts + 1), sizeof(int));  // row_offset
+  f.add(slot_room, sizeof(int));  // slot_of_row
+  f.add(slot_room, sizeof(int));  // row_of_slot
+  f.add(1, sizeof(int));          // error_token
+  f.add(tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts)), 1);
+  return f;
 }
 
 void LayerRouting::launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& c) {

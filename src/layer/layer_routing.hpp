@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "device_footprint.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 #include "tilemoe/config.hpp"
 
@@ -25,6 +26,8 @@ struct LayerRouting {
 
   // For config.tokens tokens of config.top_k slots and config.num_experts experts.
   void allocate(const MoeConfig& config);
+  // What allocate() takes from the device.
+  static DeviceFootprint device_bytes(const MoeConfig& config);
 
   // One step of `tokens` tokens: the router (softmax, top-k, the NaN/Inf check into
   // error_token), then the layout (counts, offsets, permutation). Separate, for stage events.

@@ -1,5 +1,6 @@
 #include "tilemoe/cuda/moe_layer.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <vector>
@@ -50,6 +51,17 @@ void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   y = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   const double rows_per_expert = static_cast<double>(slots) / static_cast<double>(E);
   ffn = std::make_unique<ExpertFfn>(c, 0, E, static_cast<std::int64_t>(slots), rows_per_expert, opts.gemm, device);
+}
+
+std::size_t MoeLayer::device_bytes(const MoeConfig& c, MoeLayerOptions options) {
+  validate_cuda_layer(c);
+  const auto slots = static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.top_k, 0));
+  const std::size_t slot_room = slots > 0 ? slots : 1;
+  DeviceFootprint f = LayerRouting::device_bytes(c);
+  f.add(slot_room * static_cast<std::size_t>(c.hidden), sizeof(__nv_bfloat16));  // rows
+  f.add(slot_room * static_cast<std::size_t>(c.hidden), sizeof(__nv_bfloat16));  // y
+  f.add(ExpertFfn::device_bytes(c, c.num_experts, static_cast<std::int64_t>(slots), options.gemm));
+  return f.bytes();
 }
 
 MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device, MoeLayerOptions options)

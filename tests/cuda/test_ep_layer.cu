@@ -510,6 +510,45 @@ void failed_rank_frees_its_peers() {
 
 }  // namespace
 
+// EpMoeLayer::device_bytes, with which the CLI refuses a world too large for the GPU, must never
+// count less than the ranks' layers take (cudaMemGetInfo before and after building them, the
+// world's regions already allocated), nor much more.
+void device_memory_estimates_hold() {
+  std::printf("device memory estimate\n");
+  const MoeConfig config{.tokens = 2048, .hidden = 2048, .ffn_hidden = 2048, .num_experts = 8, .top_k = 2};
+  const int ranks = 4;
+  for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal}) {
+    for (const cuda::DispatchPath path : {cuda::DispatchPath::Device, cuda::DispatchPath::Host}) {
+      if (strategy == Strategy::TileSignal && (path == cuda::DispatchPath::Host || !with_tile_signal)) continue;
+      cuda::EpMoeLayerOptions options;
+      options.dispatch = path;
+      options.strategy = strategy;
+      options.record_trace = true;
+      cuda::VirtualWorld vw(ranks, cuda::EpMoeLayer::region_bytes(config, ranks, options), 0, {world_timeout});
+      TILEMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      std::size_t free_before = 0, free_after = 0, total = 0;
+      TILEMOE_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+      on_every_rank(vw, [&](int r) {
+        cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{3}, vw.rank(r), options);
+        vw.rank(r).host_barrier();  // every rank's layer built
+        if (r == 0) {
+          TILEMOE_CUDA_CHECK(cudaDeviceSynchronize());
+          TILEMOE_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+        }
+        vw.rank(r).host_barrier();  // measured before any is freed
+      });
+      const std::size_t used = free_before - free_after;
+      const std::size_t estimate = ranks * cuda::EpMoeLayer::device_bytes(config, ranks, options);
+      char text[240];
+      std::snprintf(text, sizeof text, "%s, %s dispatch, %d ranks: estimate %.1f MiB, the layers took %.1f MiB",
+                    std::string(strategy_name(strategy)).c_str(), cuda::dispatch_path_name(path), ranks, estimate / 1048576.0,
+                    used / 1048576.0);
+      // over by at most 10% and the page rounding of each rank's ~40 small arrays
+      expect(used <= estimate && estimate <= used + used / 10 + ranks * (std::size_t{96} << 20), text);
+    }
+  }
+}
+
 int main(int argc, char** argv) {
   // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound
   cuda::prepare_cuda_environment();
@@ -550,6 +589,7 @@ int main(int argc, char** argv) {
     if (!small) faulty_rank_times_out(8, 7, Fault::Silent);
     if (with_tile_signal) faulty_rank_times_out(4, 1, Fault::UnsignalledBandWait);
     capacity_is_enforced();
+    if (!small) device_memory_estimates_hold();
     bad_input_is_refused();
     failed_rank_frees_its_peers();
     for (const Case& c : partitioned) {

@@ -265,6 +265,31 @@ void stalled_stream_is_a_timeout() {
 
 }  // namespace
 
+// MoeLayer::device_bytes, with which the CLI refuses a step too large for the GPU, must never
+// count less than a layer takes (cudaMemGetInfo before and after building it), nor much more.
+void device_memory_estimate_holds() {
+  std::printf("device memory estimate\n");
+  for (const MoeConfig& config : {MoeConfig{.tokens = 4096, .hidden = 4096, .ffn_hidden = 4096, .num_experts = 8, .top_k = 2},
+                                  MoeConfig{.tokens = 300, .hidden = 512, .ffn_hidden = 768, .num_experts = 16, .top_k = 4}}) {
+    TILEMOE_CUDA_CHECK(cudaDeviceSynchronize());
+    std::size_t free_before = 0, free_after = 0, total = 0;
+    TILEMOE_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+    const std::size_t estimate = cuda::MoeLayer::device_bytes(config);
+    {
+      cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{5}, 0, layer_options());
+      TILEMOE_CUDA_CHECK(cudaDeviceSynchronize());
+      TILEMOE_CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+    }
+    const std::size_t used = free_before - free_after;
+    char text[200];
+    std::snprintf(text, sizeof text, "%lld tokens, hidden %lld: estimate %.1f MiB, the layer took %.1f MiB",
+                  static_cast<long long>(config.tokens), static_cast<long long>(config.hidden), estimate / 1048576.0,
+                  used / 1048576.0);
+    // over by at most 10% and the page rounding of its ~30 small arrays
+    expect(used <= estimate && estimate <= used + used / 10 + (std::size_t{64} << 20), text);
+  }
+}
+
 int main(int argc, char** argv) {
   // a run cut by a timeout (compute-sanitizer is slow) must still show how far it got
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -305,8 +330,8 @@ int main(int argc, char** argv) {
         {"gelu", 77, 256, 384, 8, 2, Activation::GELU},
         {"1024 experts", 64, 128, 128, 1024, 8},
     };
-    const std::string nan_case = "nan logits", stall_case = "stalled stream";
-    bool known = only.empty() || only == nan_case || only == stall_case;
+    const std::string nan_case = "nan logits", stall_case = "stalled stream", memory_case = "device memory estimate";
+    bool known = only.empty() || only == nan_case || only == stall_case || only == memory_case;
     for (const Case& c : cases) known = known || c.name == only;
     if (!known) {
       std::fprintf(stderr, "no case named '%s'\n", only.c_str());
@@ -325,6 +350,7 @@ int main(int argc, char** argv) {
         if (runs(c)) std::printf("%s\n", c.name.c_str());
       if (only.empty() || only == nan_case) std::printf("%s\n", nan_case.c_str());
       if (only.empty() || only == stall_case) std::printf("%s\n", stall_case.c_str());
+      if ((only.empty() && !small) || only == memory_case) std::printf("%s\n", memory_case.c_str());
       return 0;
     }
     const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
@@ -338,6 +364,7 @@ int main(int argc, char** argv) {
       std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     if (only.empty() || only == nan_case) nan_logits_are_reported();
+    if ((only.empty() && !small) || only == memory_case) device_memory_estimate_holds();
     if (only.empty() || only == stall_case) stalled_stream_is_a_timeout();
   } catch (const std::exception& e) {
     gpu_checks::fail(std::string("unexpected exception: ") + e.what());

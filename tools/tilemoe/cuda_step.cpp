@@ -2,10 +2,13 @@
 
 #include <cuda_runtime.h>
 
+#include <limits>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 
 #include "tilemoe/cuda/cuda_check.hpp"
@@ -18,6 +21,7 @@
 #include "tilemoe/cuda/nccl_world.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/memory_estimate.hpp"
 
 namespace tilemoe::cli {
 
@@ -71,33 +75,37 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(x.data(), input.data.data(), input.data.size(), cudaMemcpyHostToDevice, stream));
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(l.data(), step.logits[ri].data(), step.logits[ri].size() * 4, cudaMemcpyHostToDevice, stream));
     TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    cuda::EpMoeLayer ep(layer, step.weights, transport, options, harness);
-    if (r == 0) result.description = how + ", " + ep.description();
-    for (int run = 0; run < 2; ++run) {  // the first is the warm-up
-      TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));  // NaN poison
-      TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
-      ep.forward(stream, x.data(), l.data(), out.data(), tokens);
-      TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
-      ep.check(stream);
-    }
-    float ms = 0;
-    TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
-    forward_ms = ms;
-    Matrix output(DType::BF16, tokens, layer.hidden);
-    if (!output.data.empty()) {
-      TILEMOE_CUDA_CHECK(cudaMemcpyAsync(output.data.data(), out.data(), output.data.size(), cudaMemcpyDeviceToHost, stream));
-    }
-    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    result.outputs[ri] = std::move(output);
-    result.routing[ri] = ep.last_routing(stream, tokens);
-    if (options.record_trace) {
-      std::vector<DeviceSpan> spans = ep.last_trace(stream);
-      static std::mutex spans_mutex;  // ranks are threads with virtual ranks
-      std::lock_guard lock(spans_mutex);
-      result.spans.insert(result.spans.end(), spans.begin(), spans.end());
-    }
-    transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
-    if (ep.strategy() != Strategy::Sequential) {
+    Strategy ran = Strategy::Sequential;
+    {
+      cuda::EpMoeLayer ep(layer, step.weights, transport, options, harness);
+      ran = ep.strategy();
+      if (r == 0) result.description = how + ", " + ep.description();
+      for (int run = 0; run < 2; ++run) {  // the first is the warm-up
+        TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));  // NaN poison
+        TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
+        ep.forward(stream, x.data(), l.data(), out.data(), tokens);
+        TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
+        ep.check(stream);
+      }
+      float ms = 0;
+      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, end));
+      forward_ms = ms;
+      Matrix output(DType::BF16, tokens, layer.hidden);
+      if (!output.data.empty()) {
+        TILEMOE_CUDA_CHECK(cudaMemcpyAsync(output.data.data(), out.data(), output.data.size(), cudaMemcpyDeviceToHost, stream));
+      }
+      TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));
+      result.outputs[ri] = std::move(output);
+      result.routing[ri] = ep.last_routing(stream, tokens);
+      if (options.record_trace) {
+        std::vector<DeviceSpan> spans = ep.last_trace(stream);
+        static std::mutex spans_mutex;  // ranks are threads with virtual ranks
+        std::lock_guard lock(spans_mutex);
+        result.spans.insert(result.spans.end(), spans.begin(), spans.end());
+      }
+      transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
+    }  // freed before the sequential layer below is built: the GPU holds one layer at a time
+    if (ran != Strategy::Sequential) {
       // an overlap strategy must give the sequential bits: the same step once more, sequential
       cuda::EpMoeLayerOptions plain = options;
       plain.strategy = Strategy::Sequential;
@@ -257,6 +265,50 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
 }
 
 }  // namespace
+
+void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options) {
+  require_device();
+  const int ranks = world.world_size();
+  const MoeConfig layer = largest_rank_layer(world);
+  // a rank's own buffers in run_rank_step: input, logits, output
+  const std::size_t io = 2 * std::max<std::size_t>(static_cast<std::size_t>(layer.tokens * layer.hidden), 8) * 2 +
+                         std::max<std::size_t>(static_cast<std::size_t>(layer.tokens * layer.num_experts), 1) * 4;
+  std::size_t per_rank = 0, region = 0, weights = 0;
+  int ranks_here = 1;  // ranks whose memory this process's GPU holds
+  const std::size_t gemm0_n = static_cast<std::size_t>(layer.activation == Activation::GELU ? 1 : 2) * layer.ffn_hidden;
+  if (ranks == 1 && options.transport == "virtual") {
+    per_rank = cuda::MoeLayer::device_bytes(layer) + io;
+    weights = static_cast<std::size_t>(layer.num_experts) * (gemm0_n + layer.ffn_hidden) * layer.hidden * 2;
+  } else {
+    const cuda::EpMoeLayerOptions ep_options = ep_layer_options(options);
+    if (layer.num_experts % ranks != 0) {
+      throw_bad_input(std::to_string(layer.num_experts) + " experts do not divide evenly over " + std::to_string(ranks) +
+                      " ranks: use a number of ranks that divides --experts");
+    }
+    per_rank = cuda::EpMoeLayer::device_bytes(layer, ranks, ep_options) + io;
+    region = cuda::EpMoeLayer::region_bytes(layer, ranks, ep_options);
+    weights = static_cast<std::size_t>(layer.num_experts / ranks) * (gemm0_n + layer.ffn_hidden) * layer.hidden * 2;
+    if (options.transport == "virtual") ranks_here = ranks;
+  }
+  const auto saturated = [](std::size_t a, std::size_t b) {
+    return b != 0 && a > std::numeric_limits<std::size_t>::max() / b ? std::numeric_limits<std::size_t>::max() : a * b;
+  };
+  const std::size_t rank_total = per_rank > std::numeric_limits<std::size_t>::max() - region ? std::numeric_limits<std::size_t>::max()
+                                                                                              : per_rank + region;
+  const std::size_t needed = saturated(rank_total, static_cast<std::size_t>(ranks_here));
+  std::size_t free_bytes = 0, total_bytes = 0;
+  TILEMOE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (needed <= free_bytes) return;
+  const std::string per = ranks_here > 1 ? " (" + std::to_string(ranks_here) + " virtual ranks on this GPU, " + memory_text(rank_total) +
+                                               " each: expert weights " + memory_text(weights) + ", exchange region " +
+                                               memory_text(region) + ", row buffers and tables " + memory_text(per_rank - weights) + ")"
+                                         : " (expert weights " + memory_text(weights) + ", exchange region " + memory_text(region) +
+                                               ", row buffers and tables " + memory_text(per_rank - weights) + ")";
+  throw_bad_input("this step needs about " + memory_text(needed) + " of GPU memory" + per + ", more than the " +
+                  memory_text(free_bytes) + " free of the GPU's " + memory_text(total_bytes) +
+                  ": use fewer --tokens, a smaller --hidden, --ffn-hidden or --experts" +
+                  (ranks_here > 1 ? ", fewer --ranks, or one GPU per rank (--transport nccl)" : ""));
+}
 
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options) {
   const int ranks = step.world.world_size();

@@ -35,6 +35,10 @@ struct CudaStepOutput {
   std::vector<int> matches_sequential;
 };
 
+// Refuses (bad input, exit 2) a step whose layers would not fit the free memory of this
+// process's GPU, naming the bytes it needs and what they are; before any data is made.
+void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options);
+
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options);
 
 // `tilemoe bench --backend cuda`: per-stage medians of the one-GPU forward of `world` (one

@@ -8,21 +8,37 @@
 namespace tilemoe::cli {
 
 ProgressBar::ProgressBar(std::string label, std::uint64_t total, const std::atomic<std::uint64_t>& done) {
-  if (!isatty(STDERR_FILENO) || total == 0) return;
-  thread_ = std::jthread([label = std::move(label), total, &done](std::stop_token stop) {
+  if (total > 0) start(std::move(label), total, &done);
+}
+
+ProgressBar::ProgressBar(std::string label) { start(std::move(label), 0, nullptr); }
+
+void ProgressBar::start(std::string label, std::uint64_t total, const std::atomic<std::uint64_t>* done) {
+  const bool terminal = isatty(STDERR_FILENO) != 0;
+  thread_ = std::jthread([label = std::move(label), total, done, terminal](std::stop_token stop) {
     const auto start = std::chrono::steady_clock::now();
     bool shown = false;
     while (!stop.stop_requested()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (std::chrono::steady_clock::now() - start < std::chrono::seconds(1)) continue;
-      const double share = static_cast<double>(done.load(std::memory_order_relaxed)) / static_cast<double>(total);
-      const int filled = static_cast<int>(share * 30.0);
-      std::fprintf(stderr, "\r%-12s [%.*s%*s] %3d%%", label.c_str(), filled, "##############################", 30 - filled, "",
-                   static_cast<int>(share * 100.0));
+      const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+      if (spent < std::chrono::seconds(1)) continue;
+      if (!terminal) {
+        if (!shown) std::fprintf(stderr, "tilemoe: %s...\n", label.c_str());
+        shown = true;
+        continue;
+      }
+      if (done != nullptr) {
+        const double share = static_cast<double>(done->load(std::memory_order_relaxed)) / static_cast<double>(total);
+        const int filled = static_cast<int>(share * 30.0);
+        std::fprintf(stderr, "\r%-16s [%.*s%*s] %3d%%", label.c_str(), filled, "##############################", 30 - filled, "",
+                     static_cast<int>(share * 100.0));
+      } else {
+        std::fprintf(stderr, "\r%-16s %6.0f s", label.c_str(), spent.count());
+      }
       std::fflush(stderr);
       shown = true;
     }
-    if (shown) std::fprintf(stderr, "\r%60s\r", "");
+    if (shown && terminal) std::fprintf(stderr, "\r%60s\r", "");
   });
 }
 

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "progress.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/memory_estimate.hpp"
 #include "tilemoe/step_io.hpp"
@@ -144,7 +145,7 @@ MemoryLimit memory_limit(const StepOptions& o) {
 
 }  // namespace
 
-PreparedStep prepare_step(const StepOptions& options) {
+PreparedStep prepare_step(const StepOptions& options, const std::function<void(const EpWorld&)>& check_world) {
   StepOptions o = options;
   PreparedStep step;
   StepInputs loaded;
@@ -170,24 +171,31 @@ PreparedStep prepare_step(const StepOptions& options) {
   }
   step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
   const MoeConfig& layer = step.world.layer;
-  StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, true};
+  if (check_world) check_world(step.world);
+  StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, true, o.cpu_engine};
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
 
   std::vector<std::vector<float>> logits;
   if (!o.inputs_path.empty()) {
+    ProgressBar bar("splitting inputs");
     step.inputs = split_by_rank(loaded.input, step.world.tokens_per_rank);
     logits = split_logits_by_rank(loaded.logits, loaded.experts, step.world.tokens_per_rank);
     step.source = "inputs from " + o.inputs_path;
   } else {
+    ProgressBar bar("drawing inputs");
     SyntheticStep synthetic = synthetic_step(step.world, parse_routing_pattern(o.routing), o.seed);
     step.inputs = std::move(synthetic.inputs);
     logits = std::move(synthetic.logits);
     step.source = "synthetic " + o.routing + " routing, seed " + std::to_string(o.seed);
   }
-  step.routing = route_world(step.world, logits);
+  {
+    ProgressBar bar("routing");
+    step.routing = route_world(step.world, logits);
+  }
   step.logits = std::move(logits);
   memory.routing = &step.routing;
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
+  ProgressBar bar(o.weights_path.empty() ? "drawing weights" : "reading weights");
   if (!o.weights_path.empty()) {
     step.weights = load_weights(o.weights_path, layer);
     step.source += ", weights from " + o.weights_path;

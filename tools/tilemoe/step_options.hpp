@@ -3,6 +3,7 @@
 // subcommands, and how they become a ready-to-run step.
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +37,7 @@ struct StepOptions {
   PlanOptions plan;
   std::string max_memory;  // --max-memory; empty: the memory this machine has available
   int strategies = 1;      // how many strategies the command runs one after another (memory estimate)
+  bool cpu_engine = true;  // the CPU engine runs the whole step (memory estimate; the CUDA backend's oracle is a sample)
 
   CLI::Option* tokens_option = nullptr;
   CLI::Option* hidden_option = nullptr;
@@ -62,6 +64,8 @@ EpWorld world_from_options(const StepOptions& options, std::int64_t file_tokens 
 // --inputs or synthetic, weights from --weights or random; routes every rank. Before the data
 // and again before the weights and the run, the step's memory is estimated and a step that
 // would not fit (--max-memory, or what the machine has available) is refused (bad input).
-PreparedStep prepare_step(const StepOptions& options);
+// `check_world`, when given, sees the world first, before any data exists (a backend's own
+// refusals: the GPU's memory).
+PreparedStep prepare_step(const StepOptions& options, const std::function<void(const EpWorld&)>& check_world = {});
 
 }  // namespace tilemoe::cli

@@ -86,6 +86,11 @@ class EpMoeLayer {
   // sends must live in its region too.
   static std::size_t region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options = {},
                                   bool remote_peers = false);
+  // The device memory one rank's layer allocates besides its region (weights of its experts,
+  // routing, row buffers, tables; an overlap strategy's flags; Auto counted as TileSignal),
+  // in the driver's 2 MiB pages: an upper bound, to refuse what will not fit up front.
+  static std::size_t device_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options = {},
+                                  bool remote_peers = false);
 
   // Construct on every rank of the world at about the same time (each rank in its own thread
   // or process): the constructor ends with a host barrier of the world. No forward of another

@@ -56,6 +56,9 @@ class MoeLayer {
   MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device = 0, MoeLayerOptions options = {});
   MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device = 0, MoeLayerOptions options = {});
   ~MoeLayer();
+  // The device memory a layer of `config` allocates, counted in the driver's 2 MiB pages (an
+  // upper bound), so that a caller can refuse what will not fit before building anything.
+  static std::size_t device_bytes(const MoeConfig& config, MoeLayerOptions options = {});
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
 
