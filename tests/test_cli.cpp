@@ -51,12 +51,28 @@ TEST_F(Cli, JsonIsMachineReadable) {
   }
 }
 
+TEST_F(Cli, ReferencesPastTheirWorkBoundCheckEvenlySpacedTokens) {
+  // 96 tokens of 2 kept slots at 32 x 48 x 3 multiply-adds each: a bound of 1e5 affords ~10
+  const Result r = tilemoe("run" + kSmall + "--reference-work 1e5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("rel err fp64 on 8 of 96 tokens, evenly spaced on every rank"));
+  const Result json = tilemoe("run --json" + kSmall + "--reference-work 1e5");
+  ASSERT_EQ(json.code, 0) << json.err;
+  const auto doc = nlohmann::json::parse(json.out);
+  EXPECT_EQ(doc["fp64_tokens_checked"].get<int>(), 8);
+  for (const auto& entry : doc["results"]) EXPECT_LT(entry["relative_error_vs_fp64"].get<double>(), 1e-2);
+  const Result whole = tilemoe("run --json" + kSmall);
+  EXPECT_EQ(nlohmann::json::parse(whole.out)["fp64_tokens_checked"].get<int>(), 96);
+}
+
 TEST_F(Cli, BadInputExitsWithTwoAndSaysWhatToChange) {
   struct Case {
     std::string args, message;
   };
   const std::vector<Case> cases = {
       {"run --experts 6 --ranks 4", "not divisible by the world size 4"},
+      {"run --reference-work 0", "--reference-work must be a positive finite number"},
+      {"run --reference-work nan", "--reference-work must be a positive finite number"},
       {"run --hidden 12", "hidden = 12 is not a multiple of 8"},
       {"run --top-k 9", "top_k = 9 is outside"},
       {"run --strategy fastest", "unknown strategy 'fastest'"},

@@ -299,11 +299,11 @@ void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options) {
   std::size_t free_bytes = 0, total_bytes = 0;
   TILEMOE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
   if (needed <= free_bytes) return;
+  const std::string parts = "expert weights " + memory_text(weights) + (region > 0 ? ", exchange region " + memory_text(region) : "") +
+                            ", row buffers and tables " + memory_text(per_rank - weights);
   const std::string per = ranks_here > 1 ? " (" + std::to_string(ranks_here) + " virtual ranks on this GPU, " + memory_text(rank_total) +
-                                               " each: expert weights " + memory_text(weights) + ", exchange region " +
-                                               memory_text(region) + ", row buffers and tables " + memory_text(per_rank - weights) + ")"
-                                         : " (expert weights " + memory_text(weights) + ", exchange region " + memory_text(region) +
-                                               ", row buffers and tables " + memory_text(per_rank - weights) + ")";
+                                               " each: " + parts + ")"
+                                         : " (" + parts + ")";
   throw_bad_input("this step needs about " + memory_text(needed) + " of GPU memory" + per + ", more than the " +
                   memory_text(free_bytes) + " free of the GPU's " + memory_text(total_bytes) +
                   ": use fewer --tokens, a smaller --hidden, --ffn-hidden or --experts" +

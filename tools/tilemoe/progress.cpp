@@ -23,6 +23,7 @@ void ProgressBar::start(std::string label, std::uint64_t total, const std::atomi
       const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
       if (spent < std::chrono::seconds(1)) continue;
       if (!terminal) {
+        if (spent < std::chrono::seconds(5)) continue;  // a log gets a line only for work worth waiting on
         if (!shown) std::fprintf(stderr, "tilemoe: %s...\n", label.c_str());
         shown = true;
         continue;

@@ -1,8 +1,8 @@
 #pragma once
 // Progress on stderr for work that takes over a second, so that a long run is never silent:
-// on a terminal a live bar (or, without a count, the seconds spent), elsewhere (logs, pipes)
-// one line naming the work once it has taken a second. Nothing for work shorter than that, so
-// small runs and tests stay quiet.
+// on a terminal a live bar (or, without a count, the seconds spent) once the work has taken a
+// second, elsewhere (logs, pipes) one line naming the work once it has taken five. Nothing for
+// shorter work, so small runs and tests stay quiet.
 #include <atomic>
 #include <cstdint>
 #include <string>

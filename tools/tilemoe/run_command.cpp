@@ -28,6 +28,13 @@ namespace tilemoe::cli {
 
 namespace {
 
+// The references (threaded over tokens) cost about as much as a CPU step: the fp64 one 3.6 s
+// for 1.3e10 multiply-adds on 2 cores. Beyond --reference-work multiply-adds they run on a sample
+// of the tokens (include/tilemoe/token_sample.hpp), so that large runs stay practical and the
+// report says so; the CPU engine's bitwise check against the dense reference still covers every
+// token.
+constexpr double kDefaultReferenceWork = 1.6e10;
+
 struct RunOptions {
   StepOptions step;
   std::string backend = "cpu";
@@ -35,6 +42,7 @@ struct RunOptions {
   std::string output_path, trace_path;
   bool json = false;
   std::int64_t timeout_ms = 30000;
+  double reference_work = kDefaultReferenceWork;  // --reference-work
   std::uint32_t delay_us = 0;
   // About the H200's balance of NVLink bytes to bf16 FLOPs (370 GB/s : 790 TFLOP/s), scaled
   // to the ~25 GFLOP/s of the CPU engine on two cores, so the default run shows real overlap.
@@ -56,12 +64,6 @@ struct StrategyResult {
   bool bitwise = false;
 };
 
-// The references (threaded over tokens) cost about as much as a CPU step: the fp64 one 3.6 s
-// for 1.3e10 multiply-adds on 2 cores. Beyond this many they run on a sample of the tokens
-// (include/tilemoe/token_sample.hpp), so that large runs stay practical and the report says so;
-// the CPU engine's bitwise check against the dense reference still covers every token.
-constexpr double kMaxReferenceWork = 1.6e10;
-
 // The longest --timeout-ms: a day.
 constexpr std::int64_t kMaxTimeoutMs = 24LL * 3600 * 1000;
 
@@ -79,9 +81,11 @@ struct Fp64Check {
   TokenSample sample;
   std::vector<std::vector<double>> values;  // per rank, the sampled tokens' rows
 
+  double max_work;
+
   Fp64Check(const EpWorld& world, const std::vector<Matrix>& inputs, const std::vector<Routing>& routing,
-            const ExpertWeights& weights)
-      : sample(sample_tokens(world, routing, kMaxReferenceWork)) {
+            const ExpertWeights& weights, double max_work)
+      : sample(sample_tokens(world, routing, max_work)), max_work(max_work) {
     ProgressBar bar("fp64 reference");
     const SampledStep sub = sampled_step(sample, world, inputs, routing);
     values = fp64_reference(sub.world, sub.inputs, sub.routing, weights);
@@ -91,7 +95,7 @@ struct Fp64Check {
   void print_sample_note(const char* what) const {
     if (sample.whole()) return;
     std::printf("%s on %lld of %lld tokens, evenly spaced on every rank: the references' work is bounded at %.1e multiply-adds\n",
-                what, static_cast<long long>(sample.sampled), static_cast<long long>(sample.total), kMaxReferenceWork);
+                what, static_cast<long long>(sample.sampled), static_cast<long long>(sample.total), max_work);
   }
 };
 
@@ -120,7 +124,7 @@ int run_cuda(const RunOptions& options, const PreparedStep& step) {
   // The CPU executor and fp64 on the routing the GPU chose, on the tokens the work bound affords:
   // the GPU's step takes milliseconds, the host's references over every token at DeepSeek-V3's
   // shape would take minutes.
-  const Fp64Check fp64(step.world, step.inputs, gpu.routing, step.weights);
+  const Fp64Check fp64(step.world, step.inputs, gpu.routing, step.weights, options.reference_work);
   const SampledStep sub = sampled_step(fp64.sample, step.world, step.inputs, gpu.routing);
   StepRun cpu;
   {
@@ -193,6 +197,9 @@ int run(const RunOptions& options) {
     throw_bad_input("unknown backend '" + options.backend + "': use cpu or cuda");
   }
   if (options.timeout_ms < 1) throw_bad_input("--timeout-ms must be at least 1");
+  if (!std::isfinite(options.reference_work) || options.reference_work <= 0.0) {
+    throw_bad_input("--reference-work must be a positive finite number of multiply-adds (e.g. 1.6e10)");
+  }
   // Beyond a day a wait is no longer bounded in any useful sense, and far beyond it the
   // conversion to nanoseconds overflows.
   if (options.timeout_ms > kMaxTimeoutMs) {
@@ -253,7 +260,7 @@ int run(const RunOptions& options) {
   }
   const MoeConfig& layer = step.world.layer;
   const std::int64_t routed = routed_rows(step.routing);
-  const Fp64Check fp64(step.world, step.inputs, step.routing, step.weights);
+  const Fp64Check fp64(step.world, step.inputs, step.routing, step.weights, options.reference_work);
 
   std::vector<StrategyResult> results;
   for (Strategy strategy : strategies) {
@@ -377,6 +384,10 @@ void add_run_command(CLI::App& app, int& exit_code) {
   command->add_option("--trace", options->trace_path, "write a Chrome/Perfetto trace-event JSON of every strategy's step");
   command->add_flag("--json", options->json, "print the result as JSON instead of the table");
   command->add_option("--timeout-ms", options->timeout_ms, "bound of every wait")->capture_default_str();
+  command->add_option("--reference-work", options->reference_work,
+                      "multiply-adds the fp64 reference (and with --backend cuda the CPU oracle) may spend; past it they check "
+                      "evenly spaced tokens of every rank")
+      ->capture_default_str();
   command->add_option("--silent-rank", options->silent_rank,
                       "cuda, several ranks, fault injection: this rank's exchange sends nothing, so every rank's step must fail "
                       "within --timeout-ms with an error naming it (-1 = none)")
