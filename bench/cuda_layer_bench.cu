@@ -1,8 +1,9 @@
 // Benchmark of the one-GPU MoE layer: per stage and total, against the roofline floor and a
 // per-expert cuBLAS loop, with the matrix and copy rates measured in the same run.
 // CUDA events after warm-up, median of >= 20 runs, inputs rotated through more than the L2,
-// random data. Prints a table and writes JSON lines to --json FILE. --case NAME:TOKENS
-// (repeatable) restricts the sweep to those cases (for a profiler, or a look at the targets);
+// random data. Prints a table and writes JSON lines to --json FILE. The cases are the one-GPU
+// perf cases of the registry (tests/cases); --case ID (repeatable, e.g. mixtral-8x7b:16384)
+// restricts the sweep to those (for a profiler, or a look at the targets), --list names them;
 // --raster adds a sweep of GEMM0's band blocks; a phase that runs past --stall-limit-s (60 s)
 // ends the bench with exit code 3 and a message naming it.
 // Alongside each case: the SM clock and power while it was timed (NVML), the same FLOPs as one
@@ -21,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "moe_cases.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 #include "core/cuda/event_timing.hpp"
@@ -29,6 +31,7 @@
 #include "kernels/moe_kernels.hpp"
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
+#include "tilemoe/error.hpp"
 #include "tilemoe/median.hpp"
 #include "gpu_clock_sampler.hpp"
 #include "phase_watchdog.hpp"
@@ -126,8 +129,8 @@ struct Shape {
 
 int main(int argc, char** argv) {
   std::string json_path;
-  std::vector<std::pair<std::string, int>> only_cases;
-  bool quick = false, raster_sweep = false;
+  std::vector<std::string> only_ids;
+  bool quick = false, raster_sweep = false, list = false;
   double stall_limit_s = 60;
   std::string only_routing;  // empty: both
   for (int i = 1; i < argc; ++i) {
@@ -152,22 +155,28 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
-      const std::string text = argv[++i];
-      const std::size_t colon = text.find(':');
-      char* end = nullptr;
-      const long tokens = colon == std::string::npos ? 0 : std::strtol(text.c_str() + colon + 1, &end, 10);
-      if (tokens <= 0 || tokens > (1 << 24) || *end != '\0') {
-        std::fprintf(stderr, "--case wants NAME:TOKENS (e.g. mixtral-8x7b:16384), not '%s'\n", text.c_str());
-        return 2;
-      }
-      only_cases.emplace_back(text.substr(0, colon), static_cast<int>(tokens));
+      only_ids.emplace_back(argv[++i]);
+    } else if (!std::strcmp(argv[i], "--list")) {
+      list = true;
     } else {
-      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case NAME:TOKENS ...] [--routing balanced|skewed] [--raster]"
+      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case ID ...] [--list] [--routing balanced|skewed] [--raster]"
                    " [--stall-limit-s S]"
                    " (unknown: %s)\n",
                    argv[i]);
       return 2;
     }
+  }
+  std::vector<cases::MoeCase> chosen;
+  try {
+    chosen = cases::select_cases(false, cases::kPerf, only_ids);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  if (quick && only_ids.empty()) std::erase_if(chosen, [](const cases::MoeCase& c) { return !c.quick; });
+  if (list) {
+    for (const cases::MoeCase& c : chosen) std::printf("%s\n", c.id().c_str());
+    return 0;
   }
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a cut-off call still shows how far the sweep got
@@ -194,24 +203,15 @@ int main(int argc, char** argv) {
                    rates.matrix_tflops, rates.copy_gbps, bench::GpuClockSampler::json(rates.matrix_clock).c_str());
     }
 
-    const std::vector<Shape> shapes = {{"mixtral-8x7b", 4096, 14336, 8, 2},
-                                       {"qwen3-30b-a3b", 2048, 768, 128, 8},
-                                       {"deepseek-v3", 7168, 2048, 256, 8}};
-    const std::vector<int> token_counts = quick ? std::vector<int>{4096} : std::vector<int>{512, 4096, 16384};
-    auto wanted = [&](const Shape& shape, int tokens) {
-      if (only_cases.empty()) return true;
-      return std::find(only_cases.begin(), only_cases.end(), std::make_pair(std::string(shape.name), tokens)) !=
-             only_cases.end();
-    };
-    std::size_t cases_run = 0;
     std::printf("%-14s %6s %-8s | %8s %8s %8s %8s %8s %8s %8s | %9s %7s %7s | %9s %9s %6s\n", "shape", "tokens", "routing",
                 "router", "layout", "permute", "gemm0", "act", "gemm1", "combine", "total ms", "TFLOP/s", "x floor",
                 "ffn ms", "cublas ffn", "ratio");
     std::printf("(stock: the same layer on CUTLASS's stock grouped kernels + a separate activation: total, ffn ms)\n");
-    for (const Shape& shape : shapes) {
-      for (int tokens : token_counts) {
-        if (!wanted(shape, tokens)) continue;
-        ++cases_run;
+    for (const cases::MoeCase& c : chosen) {
+      const Shape shape{c.name.c_str(), static_cast<int>(c.hidden), static_cast<int>(c.ffn), static_cast<int>(c.experts),
+                        static_cast<int>(c.top_k)};
+      {
+        const int tokens = static_cast<int>(c.tokens);
         const std::string shape_label = std::string(shape.name) + " " + std::to_string(tokens) + ": ";
         case_label = shape_label;
         watch("building the layers (random weights on the device)");
@@ -463,11 +463,6 @@ int main(int argc, char** argv) {
     }
     case_label.clear();
     watch("finishing");
-    if (cases_run < std::max<std::size_t>(1, only_cases.size())) {
-      std::fprintf(stderr, "%zu of the %zu --case arguments name a known shape and token count (512, 4096, 16384)\n",
-                   cases_run, only_cases.size());
-      return 2;
-    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench failed: %s\n", e.what());
     return 1;

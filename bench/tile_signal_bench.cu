@@ -9,8 +9,9 @@
 // (from a traced run), and a bitwise check of tile_signal against sequential.
 // `--transport nccl`: the same with real ranks, one process per GPU (start it with tilemoe
 // launch -n N, mpirun -np N or srun; rank 0 prints and writes the JSON), each rank on its whole
-// GPU and the real links, no emulation. `--case NAME:TOKENS[:RANKS]` (repeatable) runs only those
-// cases. A case too large for this GPU's memory (DeepSeek-V3 at 16384 tokens x 8 virtual ranks
+// GPU and the real links, no emulation. The cases are the expert-parallel perf cases of the
+// registry (tests/cases); `--case NAME:TOKENS[:RANKS]` (repeatable) runs only those, `--list`
+// names them. A case too large for this GPU's memory (DeepSeek-V3 at 16384 tokens x 8 virtual ranks
 // needs more than an 80 GB card) is reported as skipped, not failed.
 #include <cuda_runtime.h>
 
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "moe_cases.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/launch/launch_env.hpp"
 #include "tilemoe/launch/rendezvous.hpp"
@@ -203,7 +205,8 @@ int main(int argc, char** argv) {
   std::string json_path, trace_path;
   bool quick = false;
   bool nccl = false;  // --transport nccl: one process per GPU
-  std::vector<std::string> cases;
+  bool list = false;
+  std::vector<std::string> case_ids;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     // --trace PREFIX: per shape, tokens and ranks the first overlapped variant's last step, to
@@ -211,20 +214,34 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--transport") && i + 1 < argc) nccl = std::strcmp(argv[++i], "nccl") == 0;
-    // --case NAME:TOKENS[:RANKS] (repeatable): only these cases of the sweep
-    if (!std::strcmp(argv[i], "--case") && i + 1 < argc) cases.emplace_back(argv[++i]);
+    // --case NAME:TOKENS[:RANKS] (repeatable): only these cases of the sweep; --list: their ids
+    if (!std::strcmp(argv[i], "--case") && i + 1 < argc) case_ids.emplace_back(argv[++i]);
+    if (!std::strcmp(argv[i], "--list")) list = true;
   }
-  // whether the sweep's case (shape, tokens per rank, ranks) is one that --case asked for
-  std::vector<bool> case_matched(cases.size(), false);  // a --case that names no case of the sweep is an error
-  const auto selected = [&](const char* shape, int tokens, int ranks) {
-    if (cases.empty()) return true;
-    const std::string name = std::string(shape) + ":" + std::to_string(tokens);
-    bool any = false;
-    for (std::size_t i = 0; i < cases.size(); ++i) {
-      if (cases[i] == name || cases[i] == name + ":" + std::to_string(ranks)) any = case_matched[i] = true;
+  // The expert-parallel perf cases of the registry (tests/cases), or those --case names:
+  // NAME:TOKENS:RANKS is one case, NAME:TOKENS every world size of it.
+  std::vector<cases::MoeCase> chosen;
+  for (const cases::MoeCase& c : cases::select_cases(true, cases::kPerf)) {
+    if (case_ids.empty() && (!quick || c.quick)) chosen.push_back(c);
+  }
+  for (const std::string& id : case_ids) {
+    const std::size_t before = chosen.size();
+    for (const cases::MoeCase& c : cases::registry()) {
+      if (c.expert_parallel() && (c.id() == id || c.id().rfind(id + ":", 0) == 0)) chosen.push_back(c);
     }
-    return any;
-  };
+    if (chosen.size() == before) {
+      try {
+        cases::select_cases(true, cases::kPerf, {id});  // its message names the ids there are
+      } catch (const Error& e) {
+        std::fprintf(stderr, "--case: %s\n", e.what());
+      }
+      return 2;
+    }
+  }
+  if (list) {
+    for (const cases::MoeCase& c : chosen) std::printf("%s\n", c.id().c_str());
+    return 0;
+  }
   // real ranks: this process is one of them; the launcher says which
   bench::BenchRanks world_ranks(nccl, json_path);
   const launch::LaunchEnv& env = world_ranks.env;
@@ -237,9 +254,16 @@ int main(int argc, char** argv) {
     TILEMOE_CUDA_CHECK(cudaSetDevice(device));  // real ranks: each on its own GPU
     int sms = 0;
     TILEMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    const std::vector<Shape> shapes = {{"mixtral-8x7b", 4096, 14336, 8, 2}, {"deepseek-v3", 7168, 2048, 256, 8}};
-    const std::vector<int> token_counts = quick ? std::vector<int>{4096} : std::vector<int>{4096, 16384};
-    const std::vector<int> world_sizes = nccl ? std::vector<int>{env.world_size} : quick ? std::vector<int>{4} : std::vector<int>{4, 8};
+    // real ranks: the chosen shapes and token counts once each, on the launcher's world
+    if (nccl) {
+      std::vector<cases::MoeCase> worlds;
+      for (cases::MoeCase c : chosen) {
+        c.ranks = env.world_size;
+        const bool seen = std::any_of(worlds.begin(), worlds.end(), [&](const cases::MoeCase& w) { return w.id() == c.id(); });
+        if (!seen && c.experts % c.ranks == 0) worlds.push_back(c);
+      }
+      chosen = worlds;
+    }
     // sequential (traced, for GEMM1's own span), auto (the cost model picks the strategy and
     // the split), tile_signal with the model's split, then the sweep
     std::vector<Variant> variants = {{Strategy::Sequential, 0, 1, 0, true},
@@ -254,10 +278,13 @@ int main(int argc, char** argv) {
     const int runs = quick ? 5 : 10;
     std::printf("%-13s %6s %5s %-30s %9s %8s %7s %7s | %8s %7s %7s %7s\n", "shape", "tokens", "ranks", "variant", "layer ms",
                 "speedup", "hidden", "bitwise", "GEMM1 us", "late", "ready", "tail");
-    for (const Shape& shape : shapes) {
-      for (int tokens : token_counts) {
-        for (int n : world_sizes) {
-          if (shape.experts % n != 0 || !selected(shape.name, tokens, n)) continue;
+    for (const cases::MoeCase& c : chosen) {
+      const Shape shape{c.name.c_str(), static_cast<int>(c.hidden), static_cast<int>(c.ffn), static_cast<int>(c.experts),
+                        static_cast<int>(c.top_k)};
+      const int tokens = static_cast<int>(c.tokens);
+      {
+        const int n = c.ranks;
+        {
           MoeConfig config;
           config.tokens = tokens;
           config.hidden = shape.hidden;
@@ -413,12 +440,6 @@ int main(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::printf("FAIL: %s\n", e.what());
-    ++failures;
-  }
-  for (std::size_t i = 0; i < cases.size(); ++i) {
-    if (case_matched[i]) continue;
-    std::printf("FAIL: --case %s names no case of the sweep (NAME:TOKENS[:RANKS]: mixtral-8x7b or deepseek-v3, 4096 or 16384, "
-                "4 or 8)\n", cases[i].c_str());
     ++failures;
   }
   std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "passed", failures);

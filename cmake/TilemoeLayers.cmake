@@ -65,9 +65,9 @@ function(tilemoe_layer_library layer)
 endfunction()
 
 # A GPU test or benchmark program (tests/cuda, bench): it sees every layer of src/ (it checks
-# internals) and links all of them, plus `ARGN`.
+# internals) and links all of them, the case registry (tests/cases) and `ARGN`.
 function(tilemoe_gpu_program name source)
   add_executable(${name} ${source})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(${name} PRIVATE tilemoe_runtime ${ARGN})
+  target_link_libraries(${name} PRIVATE tilemoe_runtime tilemoe_cases ${ARGN})
 endfunction()

@@ -84,11 +84,8 @@ race_tiny() {
 
 # the cases the one-GPU targets of the layer name (cuda_layer_bench and torch_reference.py take the same flags)
 target_cases=(--case mixtral-8x7b:16384 --case deepseek-v3:4096)
-# every case of the full sweep (bench/cuda_layer_bench.cu's shapes and token counts)
-bench_cases=()
-for shape in mixtral-8x7b qwen3-30b-a3b deepseek-v3; do
-  for tokens in 512 4096 16384; do bench_cases+=("$shape:$tokens"); done
-done
+# every case of the full sweep: the one-GPU perf cases of the registry (tests/cases)
+mapfile -t bench_cases < <("$bin/cuda_layer_bench" --list)
 
 for step in "${steps[@]}"; do
   case $step in
@@ -98,6 +95,9 @@ for step in "${steps[@]}"; do
     ep) run_step ep "$bin/test_ep_layer" --no-tile-signal
       run_step ep-tile-signal "$bin/test_ep_layer" ;;
     ep-tile-signal) run_step ep-tile-signal "$bin/test_ep_layer" ;;
+    perf-cases-tested)  # benchmark cases of the registry in test mode (the oracle on a token sample)
+      run_step perf-cases-layer "$bin/test_moe_layer" --case mixtral-8x7b:4096 --case qwen3-30b-a3b:4096
+      run_step perf-cases-ep "$bin/test_ep_layer" --case mixtral-8x7b:4096:4 ;;
     ep-small) run_step ep-small "$bin/test_ep_layer" --small ;;  # up to 4 ranks, small shapes, bad input
     ep-racecheck) run_step ep-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 60 ;;
     ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 30 ;;

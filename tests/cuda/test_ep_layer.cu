@@ -19,6 +19,8 @@
 
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "gpu_checks.hpp"
+#include "moe_cases.hpp"
+#include "oracle.hpp"
 #include "sm90_device.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "layer/ep_layer_inspector.hpp"
@@ -39,17 +41,6 @@ using gpu_checks::expect;
 using gpu_checks::failures;
 std::chrono::milliseconds world_timeout{10000};  // --timeout-s (longer under compute-sanitizer)
 bool with_tile_signal = true;                     // --no-tile-signal: the sequential paths only
-
-struct Case {
-  std::string name;
-  int ranks;
-  std::int64_t tokens, hidden, ffn, experts, top_k;  // tokens: the most per rank; ranks get fewer
-  RoutingPattern pattern = RoutingPattern::Balanced;
-  bool renormalize = false;
-  bool zero_token_rank = false;  // the last rank forwards no tokens
-  int sms_per_rank = 0;          // > 0: every rank on its own SM partition (green contexts)
-  bool oracle = true;            // false: too large for the CPU executor; the paths are checked against each other
-};
 
 // One rank's device buffers, allocated before and freed after the world's forwards (cudaFree
 // synchronises the whole device, which would wait for the peers' waiting kernels).
@@ -136,19 +127,10 @@ void eager_and_replayed(cuda::EpMoeLayer& layer, cuda::RankTransport& transport,
   TILEMOE_CUDA_CHECK(cudaGraphDestroy(graph));
 }
 
-// The outputs against the CPU executor and fp64 (or, too large for the CPU, finite everywhere).
-void check_against_oracle(const Case& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
+// The outputs against the CPU executor and fp64 (on a token sample past the oracle's work bound).
+void check_against_oracle(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
                           const std::vector<Routing>& routing, const std::vector<Matrix>& device_out) {
-  if (!c.oracle) {  // poisoned outputs are NaN: finite outputs were all written
-    bool finite = true;
-    for (const Matrix& m : device_out) {
-      for (std::int64_t i = 0; i < m.rows * m.cols && finite; ++i) finite = std::isfinite(m.at(i / m.cols, i % m.cols));
-    }
-    expect(finite, "every output element was written and is finite (the CPU oracle is skipped at this size)");
-    return;
-  }
-  const auto plans = compile_plan(Strategy::Sequential, world, routing, PlanOptions{});
-  const gpu_checks::OracleErrors e = gpu_checks::oracle_errors(world, step.inputs, routing, weights, plans, device_out);
+  const cases::OracleErrors e = cases::oracle_errors(world, step.inputs, routing, weights, device_out, c.tolerance);
   expect(e.within_tolerance(), e.describe());
 }
 
@@ -157,7 +139,7 @@ void check_against_oracle(const Case& c, const EpWorld& world, const SyntheticSt
 // CPU engine's tile_signal plan at the GPU's tile shape passes validate_plan and runs the same
 // GEMM1 tiles in the same order and ships the same bands in the same order; and the CPU
 // executor running that plan gives the GPU's output within bf16 tolerance.
-void check_device_schedule(const Case& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
+void check_device_schedule(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
                            const std::vector<Routing>& routing, const std::vector<cuda::EpLayerTables>& device,
                            const std::vector<Matrix>& device_out) {
   const int n = c.ranks;
@@ -177,7 +159,11 @@ void check_device_schedule(const Case& c, const EpWorld& world, const SyntheticS
                    std::equal(host.bands.begin(), host.bands.end(), d.bands.begin(), same_band);
   }
   expect(tables_equal, "every rank's device-built GEMM1 table and band list equal the host compiler's for its rows");
-  if (!c.oracle) return;
+  if (!sample_tokens(world, routing, cases::kOracleWork).whole()) {
+    // the schedule is the whole step's: a token sample would be another step's schedule
+    std::printf("  (the CPU executor does not run the GPU's schedule here: the whole step exceeds the oracle's work bound)\n");
+    return;
+  }
 
   PlanOptions o;
   o.tile_m = cuda::kPlannedTileM;
@@ -228,28 +214,19 @@ void check_device_schedule(const Case& c, const EpWorld& world, const SyntheticS
     same_order = same_order && shipped == device_order;
   }
   expect(same_order, "the CPU plan runs the GPU's GEMM1 tiles in the GPU's order, and ships its bands in segments as the consumer does");
-  const gpu_checks::OracleErrors e = gpu_checks::oracle_errors(world, step.inputs, routing, weights, plans, device_out);
+  const cases::OracleErrors e = cases::oracle_errors_of_plans(world, step.inputs, routing, weights, plans, device_out, c.tolerance);
   expect(e.within_tolerance(), "the CPU executor running the GPU's schedule: " + e.describe());
 }
 
-void run_case(const Case& c, std::uint64_t seed) {
+void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   const int failures_before = failures();
   std::printf("%s: %d virtual ranks, up to %lld tokens each, hidden %lld, ffn %lld, E %lld, top-%lld, %s routing\n",
-              c.name.c_str(), c.ranks, (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts,
+              c.id().c_str(), c.ranks, (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts,
               (long long)c.top_k, std::string(routing_pattern_name(c.pattern)).c_str());
-  EpWorld world;
-  world.layer.hidden = c.hidden;
-  world.layer.ffn_hidden = c.ffn;
-  world.layer.num_experts = c.experts;
-  world.layer.top_k = c.top_k;
-  world.layer.renormalize = c.renormalize;
-  world.layer.dtype = DType::BF16;
-  for (int r = 0; r < c.ranks; ++r) world.tokens_per_rank.push_back(c.tokens - 3 * r);  // uneven on purpose
-  if (c.zero_token_rank) world.tokens_per_rank.back() = 0;
+  const EpWorld world = c.world(cases::kTest);
   const SyntheticStep step = synthetic_step(world, c.pattern, seed);
   const ExpertWeights weights = random_weights(world.layer, seed + 1);
-  MoeConfig config = world.layer;
-  config.tokens = c.tokens;
+  const MoeConfig config = c.config();
 
   cuda::VirtualWorldOptions world_options;
   world_options.timeout = world_timeout;
@@ -550,52 +527,68 @@ void device_memory_estimates_hold() {
 }
 
 int main(int argc, char** argv) {
-  // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound
+  // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound;
+  // --no-tile-signal: the sequential paths only; --case ID (repeatable): those cases of the
+  // registry (tests/cases: any expert-parallel case, a benchmark's too) and no other check;
+  // --list: the cases that would run
   cuda::prepare_cuda_environment();
-  bool small = false;
+  bool small = false, list = false;
+  std::vector<std::string> ids;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--small")) small = true;
-    if (!std::strcmp(argv[i], "--no-tile-signal")) with_tile_signal = false;
-    if (!std::strcmp(argv[i], "--timeout-s") && i + 1 < argc) world_timeout = std::chrono::milliseconds(std::atol(argv[++i]) * 1000);
+    if (!std::strcmp(argv[i], "--small")) {
+      small = true;
+    } else if (!std::strcmp(argv[i], "--no-tile-signal")) {
+      with_tile_signal = false;
+    } else if (!std::strcmp(argv[i], "--list")) {
+      list = true;
+    } else if (!std::strcmp(argv[i], "--timeout-s") && i + 1 < argc) {
+      world_timeout = std::chrono::milliseconds(std::atol(argv[++i]) * 1000);
+    } else if (!std::strcmp(argv[i], "--case") && i + 1 < argc) {
+      ids.emplace_back(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: %s [--small] [--no-tile-signal] [--timeout-s S] [--case ID ...] [--list]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::vector<cases::MoeCase> chosen;
+  try {
+    chosen = cases::select_cases(true, cases::kTest, ids);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  // --small keeps the partitioned cases of at most 4 ranks too (their racecheck is the point)
+  if (small) std::erase_if(chosen, [](const cases::MoeCase& c) { return !c.small() && (c.sms_per_rank == 0 || c.ranks > 4); });
+  if (list) {
+    for (const cases::MoeCase& c : chosen) std::printf("%s\n", c.id().c_str());
+    return 0;
   }
   cudaDeviceProp prop;
   if (!sm90_device_or_skip(prop, "the expert-parallel layer test")) return 77;
   try {
     const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
-    const std::vector<Case> cases = {
-        {"two ranks", 2, 200, 256, 512, 8, 2},
-        {"four ranks, skewed", 4, 300, 512, 768, 16, 4, RoutingPattern::Skewed, true},
-        {"eight ranks, top-8 over 2 local experts", 8, 128, 256, 256, 16, 8},
-        {"eight ranks, deepseek-like", 8, 96, 896, 256, 64, 8, RoutingPattern::Skewed, true},
-        {"four ranks, all to one expert, a rank without tokens", 4, 129, 256, 512, 8, 1, RoutingPattern::OneExpert, false, true},
-        {"four ranks, mixtral-like", 4, 256, 1024, 1792, 8, 2},
-        {"two ranks, hidden 8", 2, 7, 8, 8, 4, 2},
-        // every rank's GEMMs and consumer on one GPU at once, at a size that fills it
-        {"eight ranks filling the GPU", 8, 2048, 2048, 1024, 16, 2, RoutingPattern::Balanced, false, false, 0, false},
+    const auto run = [&](const cases::MoeCase& c) {
+      // a case's seed offset is its place in the registry: the same whatever the selection
+      const auto place = std::find_if(cases::registry().begin(), cases::registry().end(),
+                                      [&](const cases::MoeCase& r) { return r.id() == c.id(); }) - cases::registry().begin();
+      run_case(c, seed + 1000 * static_cast<std::uint64_t>(place + 1));
     };
-    // last: a driver without usable green contexts would fail these, and nothing else
-    const std::vector<Case> partitioned = {
-        {"four ranks on SM partitions", 4, 256, 512, 1024, 16, 4, RoutingPattern::Balanced, false, false, 24},
-        {"eight ranks on SM partitions", 8, 128, 256, 512, 16, 2, RoutingPattern::Skewed, false, false, 16},
-    };
-    std::uint64_t n = 0;
-    for (const Case& c : cases) {
-      ++n;
-      if (small && (c.ranks > 4 || c.tokens * c.hidden * c.ffn > 40'000'000)) continue;
-      run_case(c, seed + 1000 * n);
+    for (const cases::MoeCase& c : chosen) {
+      if (c.sms_per_rank == 0) run(c);
     }
-    faulty_rank_times_out(4, 2, Fault::Silent);
-    if (!small) faulty_rank_times_out(8, 7, Fault::Silent);
-    if (with_tile_signal) faulty_rank_times_out(4, 1, Fault::UnsignalledBandWait);
-    capacity_is_enforced();
-    if (!small) device_memory_estimates_hold();
-    bad_input_is_refused();
-    failed_rank_frees_its_peers();
-    for (const Case& c : partitioned) {
-      ++n;
-      if (small && c.ranks > 4) continue;
-      run_case(c, seed + 1000 * n);
+    if (ids.empty()) {
+      faulty_rank_times_out(4, 2, Fault::Silent);
+      if (!small) faulty_rank_times_out(8, 7, Fault::Silent);
+      if (with_tile_signal) faulty_rank_times_out(4, 1, Fault::UnsignalledBandWait);
+      capacity_is_enforced();
+      if (!small) device_memory_estimates_hold();
+      bad_input_is_refused();
+      failed_rank_frees_its_peers();
+    }
+    // last: a driver without usable green contexts would fail these, and nothing else
+    for (const cases::MoeCase& c : chosen) {
+      if (c.sms_per_rank > 0) run(c);
     }
   } catch (const std::exception& e) {
     gpu_checks::fail(std::string("unexpected exception: ") + e.what());

@@ -3,6 +3,7 @@
 // GPU); scripts/device/run.sh runs it. Exit code 0 only if every check passed.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -13,6 +14,8 @@
 
 #include "comm/cuda/bounded_sync.hpp"
 #include "gpu_checks.hpp"
+#include "moe_cases.hpp"
+#include "oracle.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
@@ -27,14 +30,6 @@ namespace {
 using gpu_checks::expect;
 // how long a wait for the GPU may take (--wait-limit-s; compute-sanitizer needs minutes)
 std::chrono::milliseconds wait_limit{60'000};
-
-struct Case {
-  std::string name;
-  std::int64_t tokens, hidden, ffn, experts, top_k;
-  Activation activation = Activation::SwiGLU;
-  bool renormalize = false;
-  RoutingPattern pattern = RoutingPattern::Balanced;
-};
 
 template <typename T>
 T* device_copy(const void* host, std::size_t bytes) {
@@ -101,20 +96,12 @@ void forward_naming_stalls(cuda::MoeLayer& layer, cudaStream_t stream, const __n
   for (cudaEvent_t e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventDestroy(e));
 }
 
-void run_case(const Case& c, std::uint64_t seed) {
-  std::printf("%s: T %lld, hidden %lld, ffn %lld, E %lld, top-%lld, %s%s, %s routing\n", c.name.c_str(),
+void run_case(const cases::MoeCase& c, std::uint64_t seed) {
+  std::printf("%s: T %lld, hidden %lld, ffn %lld, E %lld, top-%lld, %s%s, %s routing\n", c.id().c_str(),
               (long long)c.tokens, (long long)c.hidden, (long long)c.ffn, (long long)c.experts, (long long)c.top_k,
               std::string(activation_name(c.activation)).c_str(), c.renormalize ? ", renormalised" : "",
               std::string(routing_pattern_name(c.pattern)).c_str());
-  EpWorld world;
-  world.tokens_per_rank = {c.tokens};
-  world.layer.hidden = c.hidden;
-  world.layer.ffn_hidden = c.ffn;
-  world.layer.num_experts = c.experts;
-  world.layer.top_k = c.top_k;
-  world.layer.activation = c.activation;
-  world.layer.renormalize = c.renormalize;
-  world.layer.dtype = DType::BF16;
+  const EpWorld world = c.world(cases::kTest);
   const SyntheticStep step = synthetic_step(world, c.pattern, seed);
   const ExpertWeights weights = random_weights(world.layer, seed + 1);
   MoeConfig config = world.rank_config(0);
@@ -173,8 +160,7 @@ void run_case(const Case& c, std::uint64_t seed) {
 
   // the expert path against the CPU executor and fp64, on the GPU's routing
   const std::vector<Routing> routing = {gpu_routing};
-  const auto plans = compile_plan(Strategy::Sequential, world, routing, PlanOptions{});
-  const gpu_checks::OracleErrors e = gpu_checks::oracle_errors(world, step.inputs, routing, weights, plans, {runs[0]});
+  const cases::OracleErrors e = cases::oracle_errors(world, step.inputs, routing, weights, {runs[0]}, c.tolerance);
   expect(e.within_tolerance(), layer.gemm_description() + ": " + e.describe());
 
   // the stock-kernel path (separate activation kernel, another rounding point) on the same step
@@ -187,11 +173,8 @@ void run_case(const Case& c, std::uint64_t seed) {
     check_or_exit(stock, stream);
     Matrix out(DType::BF16, c.tokens, c.hidden);
     if (out_bytes) TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out_bytes, cudaMemcpyDeviceToHost));
-    const ErrorStats stock_vs_fp64 = compare({out}, fp64_reference(world, step.inputs, routing, weights));
-    char text[80];
-    std::snprintf(text, sizeof text, "rel. Frobenius error vs fp64 %.2e", stock_vs_fp64.relative_frobenius);
-    expect(stock_vs_fp64.finite && stock_vs_fp64.relative_frobenius < gpu_checks::kBf16Tolerance,
-           stock.gemm_description() + ": " + text);
+    const cases::OracleErrors stock_errors = cases::oracle_errors(world, step.inputs, routing, weights, {out}, c.tolerance);
+    expect(stock_errors.within_tolerance(), stock.gemm_description() + ": " + stock_errors.describe());
   }
 
   cudaFree(input);
@@ -293,18 +276,19 @@ void device_memory_estimate_holds() {
 int main(int argc, char** argv) {
   // a run cut by a timeout (compute-sanitizer is slow) must still show how far it got
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  // --small: only the small cases, for compute-sanitizer; --case NAME: that case only;
-  // --list: the names of the cases that would run, one per line (the device script runs each alone);
+  // --small: only the small cases, for compute-sanitizer; --case ID (repeatable): those cases of
+  // the registry (tests/cases: any one-GPU case, a benchmark's too) or checks only; --list: the
+  // cases and checks that would run, one per line (the device script runs each alone);
   // --wait-limit-s S: how long a wait for the GPU may take before a timeout naming the stage
   bool small = false, list = false;
-  std::string only;
+  std::vector<std::string> named;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--small") == 0) {
       small = true;
     } else if (std::strcmp(argv[i], "--list") == 0) {
       list = true;
     } else if (std::strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
-      only = argv[++i];
+      named.emplace_back(argv[++i]);
     } else if (std::strcmp(argv[i], "--wait-limit-s") == 0 && i + 1 < argc) {
       char* end = nullptr;
       const double seconds = std::strtod(argv[++i], &end);
@@ -314,58 +298,54 @@ int main(int argc, char** argv) {
       }
       wait_limit = std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
     } else {
-      std::fprintf(stderr, "usage: %s [--small] [--case NAME] [--list] [--wait-limit-s S]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--small] [--case ID ...] [--list] [--wait-limit-s S]\n", argv[0]);
       return 2;
     }
   }
+  // the checks beside the registry's cases; the memory estimate's is not small
+  const std::string nan_check = "nan-logits", stall_check = "stalled-stream", memory_check = "device-memory-estimate";
+  std::vector<std::string> case_ids, checks;
+  for (const std::string& name : named) (name == nan_check || name == stall_check || name == memory_check ? checks : case_ids).push_back(name);
+  if (named.empty()) {
+    checks = {nan_check, stall_check};
+    if (!small) checks.push_back(memory_check);  // (run in a fixed order below, the stall last)
+  }
+  std::vector<cases::MoeCase> chosen;
   try {
-    const std::vector<Case> cases = {
-        {"small", 300, 512, 768, 16, 4},
-        {"mixtral-like", 256, 1024, 1792, 8, 2},
-        {"deepseek-like", 128, 896, 256, 64, 8, Activation::SwiGLU, true, RoutingPattern::Skewed},
-        {"zero tokens", 0, 256, 256, 8, 2},
-        {"all to one expert", 129, 256, 512, 8, 1, Activation::SwiGLU, false, RoutingPattern::OneExpert},
-        {"top_k = E", 33, 128, 128, 4, 4},
-        {"hidden 8, odd tokens", 7, 8, 8, 4, 2},
-        {"gelu", 77, 256, 384, 8, 2, Activation::GELU},
-        {"1024 experts", 64, 128, 128, 1024, 8},
-    };
-    const std::string nan_case = "nan logits", stall_case = "stalled stream", memory_case = "device memory estimate";
-    bool known = only.empty() || only == nan_case || only == stall_case || only == memory_case;
-    for (const Case& c : cases) known = known || c.name == only;
-    if (!known) {
-      std::fprintf(stderr, "no case named '%s'\n", only.c_str());
-      return 2;
-    }
-    const auto too_big = [&](const Case& c) { return small && c.tokens * c.hidden * c.ffn > 8'000'000; };
-    const auto runs = [&](const Case& c) { return !too_big(c) && (only.empty() || c.name == only); };
-    for (const Case& c : cases) {
-      if (c.name == only && too_big(c)) {
-        std::fprintf(stderr, "case '%s' is not one of the --small cases\n", only.c_str());
+    if (named.empty() || !case_ids.empty()) chosen = cases::select_cases(false, cases::kTest, case_ids);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  if (small) {
+    for (const cases::MoeCase& c : chosen) {
+      if (!case_ids.empty() && !c.small()) {
+        std::fprintf(stderr, "case '%s' is not one of the --small cases\n", c.id().c_str());
         return 2;
       }
     }
-    if (list) {
-      for (const Case& c : cases)
-        if (runs(c)) std::printf("%s\n", c.name.c_str());
-      if (only.empty() || only == nan_case) std::printf("%s\n", nan_case.c_str());
-      if (only.empty() || only == stall_case) std::printf("%s\n", stall_case.c_str());
-      if ((only.empty() && !small) || only == memory_case) std::printf("%s\n", memory_case.c_str());
-      return 0;
-    }
+    std::erase_if(chosen, [](const cases::MoeCase& c) { return !c.small(); });
+  }
+  if (list) {
+    for (const cases::MoeCase& c : chosen) std::printf("%s\n", c.id().c_str());
+    for (const std::string& check : checks) std::printf("%s\n", check.c_str());
+    return 0;
+  }
+  try {
     const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
-    std::uint64_t n = 0;
-    for (const Case& c : cases) {
-      ++n;  // before any skip: a case's seed offset does not depend on the filter
-      if (!runs(c)) continue;
+    for (const cases::MoeCase& c : chosen) {
+      // a case's seed offset is its place in the registry: the same whatever the selection
+      const auto place = std::find_if(cases::registry().begin(), cases::registry().end(),
+                                      [&](const cases::MoeCase& r) { return r.id() == c.id(); }) - cases::registry().begin();
       const auto start = std::chrono::steady_clock::now();
-      run_case(c, seed + 1000 * n);
+      run_case(c, seed + 1000 * static_cast<std::uint64_t>(place + 1));
       std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
-    if (only.empty() || only == nan_case) nan_logits_are_reported();
-    if ((only.empty() && !small) || only == memory_case) device_memory_estimate_holds();
-    if (only.empty() || only == stall_case) stalled_stream_is_a_timeout();
+    const auto asked = [&](const std::string& check) { return std::find(checks.begin(), checks.end(), check) != checks.end(); };
+    if (asked(nan_check)) nan_logits_are_reported();
+    if (asked(memory_check)) device_memory_estimate_holds();
+    if (asked(stall_check)) stalled_stream_is_a_timeout();  // last: the stalled kernel may still run
   } catch (const std::exception& e) {
     gpu_checks::fail(std::string("unexpected exception: ") + e.what());
   }
