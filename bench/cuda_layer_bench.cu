@@ -32,6 +32,7 @@
 #include "kernels/moe_kernels.hpp"
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
+#include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
@@ -237,6 +238,7 @@ int main(int argc, char** argv) {
     for (const cases::MoeCase& c : chosen) std::printf("%s\n", c.id().c_str());
     return 0;
   }
+  if (world_of_one) cuda::prepare_cuda_environment();  // virtual ranks: before CUDA starts
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a cut-off call still shows how far the sweep got
   try {
