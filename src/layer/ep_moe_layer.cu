@@ -62,6 +62,11 @@ struct EpMoeLayer::Impl : LayerRouting {
   cudaStream_t own = nullptr;  // the world's set-up stream: set-up and read-backs that must not wait for the peers' kernels
   bool failed = false;
   bool remote_peers = false;  // GIN peers: the rows sent live in the region (puts read the window)
+  // A world of one on the device path, sequential: the expert rows are the permuted rows and
+  // the returned rows the FFN's output, in the same order, so the step skips both exchange
+  // copies (measured before: they made a world of one 1.13-2.00x the one-GPU layer, H100,
+  // cuda_layer_bench --world-of-one) and computes the same bits.
+  bool direct = false;
 
   // this rank's permuted rows and the FFN's output (the routing state is the base class)
   DeviceArray<__nv_bfloat16> send_rows, y;
@@ -244,7 +249,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   ExpertFfnOptions ffn_options;
   // tile_signal needs the device dispatch, the planned GEMM's flags and load/store peers; auto
   // runs sequential where those are missing
-  const bool can_overlap = o.dispatch == DispatchPath::Device && o.gemm == GemmPath::Planned && !remote_peers;
+  const bool can_overlap = o.dispatch == DispatchPath::Device && o.gemm == GemmPath::Planned && !remote_peers && world > 1;
   TileSignalGpuShape shape;
   shape.tokens = c.tokens;
   shape.top_k = c.top_k;
@@ -258,7 +263,9 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   bool split_chosen_here = false;
   if (o.strategy == Strategy::Auto && !can_overlap) {
     options.strategy = Strategy::Sequential;
-    split_note = remote_peers ? "auto: sequential (peers on other nodes)" : "auto: sequential (this path cannot overlap)";
+    split_note = remote_peers ? "auto: sequential (peers on other nodes)"
+                 : world == 1 ? "auto: sequential (a world of one has no communication)"
+                              : "auto: sequential (this path cannot overlap)";
   } else if (o.strategy == Strategy::Auto || o.strategy == Strategy::TileSignal) {
     const int dev = device;
     const TileSignalSplit split = choose_tile_signal_split(shape, o.tile_signal, o.strategy == Strategy::Auto,
@@ -294,6 +301,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
                                     layout.receive_capacity, rows_per_expert, o.gemm, device, ffn_options);
+  direct = world == 1 && !remote_peers && o.dispatch == DispatchPath::Device && options.strategy == Strategy::Sequential &&
+           !h.silent && !o.record_trace;
   if (options.strategy == Strategy::TileSignal) {
     table_scratch = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
   }
@@ -397,7 +406,11 @@ int EpMoeLayer::consumer_ctas() const {
 std::string EpMoeLayer::description() const {
   const Impl& m = *impl_;
   std::string text = std::string(strategy_name(m.options.strategy)) + ", " + dispatch_path_name(m.options.dispatch) + " dispatch";
-  if (m.options.dispatch == DispatchPath::Device) text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
+  if (m.direct) {
+    text += ", a world of one: no exchange copies";
+  } else if (m.options.dispatch == DispatchPath::Device) {
+    text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
+  }
   if (m.options.strategy == Strategy::TileSignal) {
     const bool unblocked = static_cast<std::size_t>(m.schedule.band_block) >= m.bands.count();  // no expert has that many bands
     text += ", consumer " + std::to_string(m.schedule.consumer_ctas) + " CTAs x " + std::to_string(m.schedule.bands_per_segment) +
@@ -543,11 +556,19 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     mark(kEpLayout);
     m.launch_layout(stream, T, c);
     mark(kEpPermute);
-    launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.send_rows_ptr());
+    if (m.direct && slots > m.layout.receive_capacity) {
+      throw_bad_input("a step of " + std::to_string(slots) + " rows exceeds the receive capacity of " +
+                      std::to_string(m.layout.receive_capacity) + " rows: raise EpMoeLayerOptions::receive_rows");
+    }
+    auto* expert_rows = m.direct ? reinterpret_cast<__nv_bfloat16*>(m.region(m.layout.dispatch_rows)) : m.send_rows_ptr();
+    launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, expert_rows);
     mark(kEpDispatch);
     const EpExchangeArgs args = m.exchange_args();
     const DeviceTransport& view = m.transport->device_view();
-    if (m.options.dispatch == DispatchPath::Device) {
+    if (m.direct) {  // the permuted rows are the expert rows: only the offsets move
+      TILEMOE_CUDA_CHECK(cudaMemcpyAsync(m.local_row_offset.data(), m.row_offset.data(), m.local_row_offset.count() * sizeof(int),
+                                         cudaMemcpyDeviceToDevice, stream));
+    } else if (m.options.dispatch == DispatchPath::Device) {
       launch_ep_begin_step(stream, m.epoch.data());
       launch_ep_dispatch(stream, view, args);
     } else {
@@ -615,14 +636,16 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       // the step ends with its consumer: the next step's GEMM1 resets the flags it reads
       TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
     } else {
-      if (m.options.dispatch == DispatchPath::Device) {
+      if (m.direct) {
+        // the FFN's output rows are the returned rows
+      } else if (m.options.dispatch == DispatchPath::Device) {
         launch_ep_combine_send(stream, view, args);
       } else {
         m.host_combine_send(stream);
       }
       mark(kEpCombine);
-      launch_combine(stream, reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows)), m.weight.data(),
-                     m.row_of_slot.data(), T, k, H, output);
+      const auto* returned = m.direct ? m.ffn_out() : reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows));
+      launch_combine(stream, returned, m.weight.data(), m.row_of_slot.data(), T, k, H, output);
     }
     mark(kEpStageCount);
   } catch (...) {

@@ -27,6 +27,7 @@
 #include "strategies/tile_signal/band_order.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
+#include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/reference.hpp"
@@ -536,6 +537,43 @@ void device_memory_estimates_hold() {
   }
 }
 
+// A world of one skips both exchange copies (its expert rows are the permuted rows): it must
+// give the one-GPU layer's bits, eagerly and replayed from a CUDA graph, for several shapes.
+void world_of_one_is_the_one_gpu_layer() {
+  std::printf("a world of one\n");
+  for (const MoeConfig& config : {MoeConfig{.tokens = 300, .hidden = 512, .ffn_hidden = 768, .num_experts = 16, .top_k = 4},
+                                  MoeConfig{.tokens = 129, .hidden = 256, .ffn_hidden = 512, .num_experts = 8, .top_k = 1},
+                                  MoeConfig{.tokens = 7, .hidden = 8, .ffn_hidden = 8, .num_experts = 4, .top_k = 2}}) {
+    EpWorld world;
+    world.layer = config;
+    world.layer.tokens = 0;
+    world.tokens_per_rank = {config.tokens};
+    const SyntheticStep step = synthetic_step(world, RoutingPattern::Skewed, 21);
+    cuda::VirtualWorld vw(1, cuda::EpMoeLayer::region_bytes(config, 1), 0, {world_timeout});
+    std::vector<Matrix> eager(1), second(1), replayed(1);
+    Matrix one_gpu;
+    std::string description;
+    on_every_rank(vw, [&](int r) {
+      cuda::RankTransport& transport = vw.rank(r);
+      transport.bind_thread();
+      RankBuffers b(step.inputs[0], step.logits[0], config.tokens, config.hidden, transport.stream(cuda::RankStream::Main));
+      {
+        cuda::MoeLayer layer(config, cuda::RandomDeviceWeights{9});
+        b.poison();
+        layer.forward(b.stream, b.input, b.logits, b.output, config.tokens);
+        layer.check(b.stream);
+        one_gpu = b.read(config.tokens, config.hidden);
+      }
+      cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{9}, transport);
+      description = layer.description();
+      eager_and_replayed(layer, transport, b, config.tokens, config.hidden, 2, {&eager[0], &second[0]}, replayed[0]);
+    });
+    expect(eager[0].bitwise_equal(one_gpu) && second[0].bitwise_equal(one_gpu) && replayed[0].bitwise_equal(one_gpu),
+           std::to_string(config.tokens) + " tokens, hidden " + std::to_string(config.hidden) +
+               ": the world of one gives the one-GPU layer's bits (two steps and a graph replay); " + description);
+  }
+}
+
 int main(int argc, char** argv) {
   // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound;
   // --no-tile-signal: the sequential paths only; --case ID (repeatable): those cases of the
@@ -593,6 +631,7 @@ int main(int argc, char** argv) {
       if (with_tile_signal) faulty_rank_times_out(4, 1, Fault::UnsignalledBandWait);
       capacity_is_enforced();
       if (!small) device_memory_estimates_hold();
+      world_of_one_is_the_one_gpu_layer();
       bad_input_is_refused();
       failed_rank_frees_its_peers();
     }
