@@ -4,8 +4,7 @@
 // random data. Prints a table and writes JSON lines to --json FILE. The cases are the one-GPU
 // perf cases of the registry (tests/cases); --case ID (repeatable, e.g. mixtral-8x7b:16384)
 // restricts the sweep to those (for a profiler, or a look at the targets), --list names them;
-// --raster adds a sweep of GEMM0's band blocks; --world-of-one times the one-GPU layer against
-// the expert-parallel layer in a world of one instead; a phase that runs past --stall-limit-s (60 s)
+// --raster adds a sweep of GEMM0's band blocks; a phase that runs past --stall-limit-s (60 s)
 // ends the bench with exit code 3 and a message naming it.
 // Alongside each case: the SM clock and power while it was timed (NVML), the same FLOPs as one
 // dense cuBLAS product per GEMM, and the floor of the tiles actually computed (each expert's
@@ -31,10 +30,7 @@
 #include "tilemoe/cuda/layer_timing.hpp"
 #include "kernels/moe_kernels.hpp"
 #include "kernels/gemm/planned/planned_gemm.hpp"
-#include "tilemoe/cuda/ep_moe_layer.hpp"
-#include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
-#include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/median.hpp"
 #include "gpu_clock_sampler.hpp"
@@ -130,65 +126,12 @@ struct Shape {
 };
 
 
-// The one-GPU layer against the expert-parallel layer in a world of one (the question before
-// making them one code path: what the world of one's dispatch and combine copies cost), on the
-// same weights (RandomDeviceWeights draws the same layer in both) and logits: both timed the
-// same way, and one forward of each on the same input compared bit for bit.
-void time_world_of_one(const cases::MoeCase& c, cudaStream_t stream, FILE* json) {
-  const MoeConfig config = c.config();
-  const std::size_t logit_count = static_cast<std::size_t>(c.tokens * c.experts);
-  std::vector<float> host_logits(logit_count);
-  std::mt19937_64 rng(static_cast<std::uint64_t>(c.tokens) * 31 + static_cast<std::uint64_t>(c.experts));
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& v : host_logits) v = normal(rng);
-  cuda::DeviceArray<float> logits(host_logits.data(), host_logits.size());
-  cuda::DeviceArray<__nv_bfloat16> input(static_cast<std::size_t>(c.tokens * c.hidden));
-  cuda::DeviceArray<__nv_bfloat16> out_one(input.count()), out_world(input.count());
-  cuda::launch_random_bf16(stream, input.data(), input.count(), 11, 1.0f);
-  const auto read = [&](const cuda::DeviceArray<__nv_bfloat16>& out, cudaStream_t s) {
-    std::vector<std::uint16_t> host(out.count());
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(host.data(), out.data(), host.size() * 2, cudaMemcpyDeviceToHost, s));
-    TILEMOE_CUDA_CHECK(cudaStreamSynchronize(s));
-    return host;
-  };
-  cuda::MoeLayer one(config, cuda::RandomDeviceWeights{7});
-  one.forward(stream, input.data(), logits.data(), out_one.data(), c.tokens);
-  one.check(stream);
-  const std::vector<std::uint16_t> one_bits = read(out_one, stream);
-  const cuda::LayerTiming one_timing = cuda::time_layer_forward(one, logits.data(), c.tokens, 25, stream);
-
-  cuda::VirtualWorld world(1, cuda::EpMoeLayer::region_bytes(config, 1));
-  cuda::RankTransport& transport = world.rank(0);
-  transport.bind_thread();
-  cudaStream_t world_stream = transport.stream(cuda::RankStream::Main);
-  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream));  // the input is drawn on `stream`
-  cuda::EpMoeLayer ep(config, cuda::RandomDeviceWeights{7}, transport);
-  ep.forward(world_stream, input.data(), logits.data(), out_world.data(), c.tokens);
-  ep.check(world_stream);
-  const bool bitwise = read(out_world, world_stream) == one_bits;
-  const cuda::LayerTiming ep_timing = cuda::time_layer_forward(ep, logits.data(), c.tokens, 25, world_stream);
-  std::printf("%-14s %6lld | one GPU %8.3f ms | world of one %8.3f ms (%.2fx):", c.name.c_str(), static_cast<long long>(c.tokens),
-              one_timing.total_ms, ep_timing.total_ms, ep_timing.total_ms / one_timing.total_ms);
-  for (int s = 0; s < cuda::kEpStageCount; ++s) std::printf(" %s %.3f", cuda::ep_stage_name(s), ep_timing.stage_ms[s]);
-  std::printf(" | bitwise %s\n", bitwise ? "yes" : "NO");
-  if (json) {
-    std::fprintf(json, "{\"kind\":\"world_of_one\",\"shape\":\"%s\",\"tokens\":%lld,\"one_gpu_ms\":%.4f,\"world_of_one_ms\":%.4f,"
-                 "\"bitwise\":%s", c.name.c_str(), static_cast<long long>(c.tokens), one_timing.total_ms, ep_timing.total_ms,
-                 bitwise ? "true" : "false");
-    for (int s = 0; s < cuda::kEpStageCount; ++s) std::fprintf(json, ",\"%s_ms\":%.4f", cuda::ep_stage_name(s), ep_timing.stage_ms[s]);
-    std::fprintf(json, "}\n");
-    std::fflush(json);
-  }
-  TILEMOE_CUDA_CHECK(cudaStreamSynchronize(world_stream));
-  transport.host_barrier();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json_path;
   std::vector<std::string> only_ids;
-  bool quick = false, raster_sweep = false, list = false, world_of_one = false;
+  bool quick = false, raster_sweep = false, list = false;
   double stall_limit_s = 60;
   std::string only_routing;  // empty: both
   for (int i = 1; i < argc; ++i) {
@@ -216,10 +159,8 @@ int main(int argc, char** argv) {
       only_ids.emplace_back(argv[++i]);
     } else if (!std::strcmp(argv[i], "--list")) {
       list = true;
-    } else if (!std::strcmp(argv[i], "--world-of-one")) {
-      world_of_one = true;
     } else {
-      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case ID ...] [--list] [--world-of-one] [--routing balanced|skewed] [--raster]"
+      std::fprintf(stderr, "usage: cuda_layer_bench [--json FILE] [--quick] [--case ID ...] [--list] [--routing balanced|skewed] [--raster]"
                    " [--stall-limit-s S]"
                    " (unknown: %s)\n",
                    argv[i]);
@@ -238,17 +179,11 @@ int main(int argc, char** argv) {
     for (const cases::MoeCase& c : chosen) std::printf("%s\n", c.id().c_str());
     return 0;
   }
-  if (world_of_one) cuda::prepare_cuda_environment();  // virtual ranks: before CUDA starts
   FILE* json = json_path.empty() ? nullptr : std::fopen(json_path.c_str(), "w");
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a cut-off call still shows how far the sweep got
   try {
     cudaStream_t s;
     TILEMOE_CUDA_CHECK(cudaStreamCreate(&s));
-    if (world_of_one) {
-      for (const cases::MoeCase& c : chosen) time_world_of_one(c, s, json);
-      if (json) std::fclose(json);
-      return 0;
-    }
     cublasHandle_t h;
     CUBLAS_CHECK(cublasCreate(&h));
     CUBLAS_CHECK(cublasSetStream(h, s));

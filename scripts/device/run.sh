@@ -203,8 +203,6 @@ for step in "${steps[@]}"; do
           --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
           "$bin/cuda_layer_bench" --case "${NCU_CASE:-mixtral-8x7b:16384}" --routing "${NCU_ROUTING:-balanced}"
       done ;;
-    world-of-one)  # the one-GPU layer against the expert-parallel layer in a world of one (before making them one)
-      run_step world-of-one "$bin/cuda_layer_bench" --world-of-one --quick --json "$out/world_of_one.json" ;;
     bench-quick) run_step bench "$bin/cuda_layer_bench" --quick --json "$out/bench.json" ;;
     cli) run_step cli "$bin/tilemoe" run --backend cuda --ranks 1 --tokens 512 --hidden 1024 --ffn-hidden 2048 --experts 16 --top-k 4 ;;
     cli-large)  # sizes past the GPU refused at once with the bytes needed; a large step checked on a token sample

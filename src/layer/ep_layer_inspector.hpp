@@ -1,9 +1,11 @@
 #pragma once
-// What the GPU tests read of an EpMoeLayer's last step that no user needs: the tables its
-// strategy built on the device, downloaded, so that the tests can hold them against the host
-// compiler's (tile_signal_tables) and run the same schedule on the CPU executor.
+// What the GPU tests read of an EpMoeLayer's last step that no user of the layer needs: the
+// tables its strategy built on the device, downloaded, so that the tests can hold them against
+// the host compiler's (tile_signal_tables) and run the same schedule on the CPU executor; and
+// the intermediates the one-GPU layer (a world of one) exposes to its benchmarks' baselines.
 #include <cuda_runtime.h>
 
+#include <string>
 #include <vector>
 
 #include "plan/gpu_tables.hpp"
@@ -23,6 +25,14 @@ struct EpLayerTables {
 struct EpMoeLayerInspector {
   // Waits for the step (bounded, as check() does), then downloads its tables.
   static EpLayerTables last_tables(const EpMoeLayer& layer, cudaStream_t stream);
+
+  // Device pointers of the last step's intermediates, which the one-GPU layer (a world of one)
+  // hands to baselines that reuse them (MoeLayer::row_offset and the others).
+  static const int* row_offset(const EpMoeLayer& layer);                 // [E + 1], the layout's
+  static const __nv_bfloat16* expert_rows(const EpMoeLayer& layer);      // the rows GEMM0 reads
+  static const __nv_bfloat16* expert_weights0(const EpMoeLayer& layer);  // the local experts'
+  static const __nv_bfloat16* expert_weights2(const EpMoeLayer& layer);
+  static std::string gemm_description(const EpMoeLayer& layer);
 };
 
 }  // namespace tilemoe::cuda

@@ -65,7 +65,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   // A world of one on the device path, sequential: the expert rows are the permuted rows and
   // the returned rows the FFN's output, in the same order, so the step skips both exchange
   // copies (measured before: they made a world of one 1.13-2.00x the one-GPU layer, H100,
-  // cuda_layer_bench --world-of-one) and computes the same bits.
+  // BENCHMARKS.md, 2026-12-06) and computes the same bits.
   bool direct = false;
 
   // this rank's permuted rows and the FFN's output (the routing state is the base class)
@@ -146,7 +146,9 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   const std::size_t slot_room = std::max<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.top_k, 0)), 1);
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
   DeviceFootprint f = LayerRouting::device_bytes(c);
-  if (!remote_peers) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
+  const bool direct = world == 1 && !remote_peers && options.dispatch == DispatchPath::Device &&
+                     options.strategy != Strategy::TileSignal && !options.record_trace;  // (as init decides)
+  if (!remote_peers && !direct) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
   f.add(1, sizeof(std::uint64_t));                                  // epoch
   f.add(L + 1, sizeof(int));                                        // local_row_offset
   f.add(L * W + 1, sizeof(int));                                    // block_offset
@@ -220,7 +222,10 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
   const std::size_t slot_room = std::max<std::size_t>(slots, 1);
   allocate(c);
-  if (!remote_peers) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
+  // a world of one runs sequential (auto too: nothing to overlap) and needs no send buffer
+  direct = world == 1 && !remote_peers && o.dispatch == DispatchPath::Device && o.strategy != Strategy::TileSignal &&
+           !h.silent && !h.identity_experts && !o.record_trace;
+  if (!remote_peers && !direct) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
   epoch = DeviceArray<std::uint64_t>(1);
   local_row_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts + 1));
@@ -301,8 +306,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
                                     layout.receive_capacity, rows_per_expert, o.gemm, device, ffn_options);
-  direct = world == 1 && !remote_peers && o.dispatch == DispatchPath::Device && options.strategy == Strategy::Sequential &&
-           !h.silent && !o.record_trace;
+
   if (options.strategy == Strategy::TileSignal) {
     table_scratch = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
   }
@@ -700,6 +704,22 @@ EpLayerTables EpMoeLayer::Impl::download_tables(cudaStream_t stream) const {
 
 EpLayerTables EpMoeLayerInspector::last_tables(const EpMoeLayer& layer, cudaStream_t stream) {
   return layer.impl_->download_tables(stream);
+}
+
+const int* EpMoeLayerInspector::row_offset(const EpMoeLayer& layer) { return layer.impl_->row_offset.data(); }
+const __nv_bfloat16* EpMoeLayerInspector::expert_rows(const EpMoeLayer& layer) {
+  return reinterpret_cast<const __nv_bfloat16*>(layer.impl_->region(layer.impl_->layout.dispatch_rows));
+}
+const __nv_bfloat16* EpMoeLayerInspector::expert_weights0(const EpMoeLayer& layer) {
+  if (!layer.impl_->ffn) throw_bad_input("an exchange-only layer (identity experts) has no expert weights");
+  return layer.impl_->ffn->weights0();
+}
+const __nv_bfloat16* EpMoeLayerInspector::expert_weights2(const EpMoeLayer& layer) {
+  if (!layer.impl_->ffn) throw_bad_input("an exchange-only layer (identity experts) has no expert weights");
+  return layer.impl_->ffn->weights2();
+}
+std::string EpMoeLayerInspector::gemm_description(const EpMoeLayer& layer) {
+  return layer.impl_->ffn ? layer.impl_->ffn->description() : std::string("identity experts");
 }
 
 std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {

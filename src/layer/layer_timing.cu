@@ -14,9 +14,9 @@ namespace {
 
 constexpr std::size_t kRotationBytes = std::size_t(256) << 20;  // > 4x the H200's 60 MB L2
 
-// The one timing procedure of both layers (their stage enums differ: Events, kStages).
-template <class Layer, class Events, int kStages>
-LayerTiming time_forward(Layer& layer, const float* logits, std::int64_t tokens, int runs, cudaStream_t stream) {
+}  // namespace
+
+LayerTiming time_layer_forward(MoeLayer& layer, const float* logits, std::int64_t tokens, int runs, cudaStream_t stream) {
   if (runs < 1) throw_bad_input("a benchmark needs at least one run");
   const MoeConfig& c = layer.config();
   const std::size_t elems = static_cast<std::size_t>(tokens * c.hidden);
@@ -24,7 +24,7 @@ LayerTiming time_forward(Layer& layer, const float* logits, std::int64_t tokens,
   const int rotations = static_cast<int>(std::clamp<std::size_t>(kRotationBytes / bytes + 1, 2, 32));
   std::vector<__nv_bfloat16*> inputs(static_cast<std::size_t>(rotations), nullptr);
   __nv_bfloat16* output = nullptr;
-  Events events{};
+  StageEvents events{};
   LayerTiming timing;
   const auto release = [&] {
     for (auto* p : inputs) cudaFree(p);
@@ -40,22 +40,22 @@ LayerTiming time_forward(Layer& layer, const float* logits, std::int64_t tokens,
     }
     TILEMOE_CUDA_CHECK(cudaMalloc(&output, bytes));
     for (auto& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreate(&e));
-    std::vector<std::vector<double>> stage(kStages);
+    std::vector<std::vector<double>> stage(kStageCount);
     std::vector<double> total;
     for (int run = 0; run < runs + 3; ++run) {
       layer.forward(stream, inputs[static_cast<std::size_t>(run % rotations)], logits, output, tokens, &events);
       layer.check(stream);
       if (run < 3) continue;
-      for (int s = 0; s < kStages; ++s) {
+      for (int s = 0; s < kStageCount; ++s) {
         float ms = 0;
         TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[s], events.boundary[s + 1]));
         stage[static_cast<std::size_t>(s)].push_back(ms);
       }
       float ms = 0;
-      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[0], events.boundary[kStages]));
+      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, events.boundary[0], events.boundary[kStageCount]));
       total.push_back(ms);
     }
-    for (int s = 0; s < kStages; ++s) timing.stage_ms[s] = median(stage[static_cast<std::size_t>(s)]);
+    for (int s = 0; s < kStageCount; ++s) timing.stage_ms[s] = median(stage[static_cast<std::size_t>(s)]);
     timing.total_ms = median(total);
     timing.runs = runs;
   } catch (const Error& e) {
@@ -68,16 +68,6 @@ LayerTiming time_forward(Layer& layer, const float* logits, std::int64_t tokens,
   }
   release();
   return timing;
-}
-
-}  // namespace
-
-LayerTiming time_layer_forward(MoeLayer& layer, const float* logits, std::int64_t tokens, int runs, cudaStream_t stream) {
-  return time_forward<MoeLayer, StageEvents, kStageCount>(layer, logits, tokens, runs, stream);
-}
-
-LayerTiming time_layer_forward(EpMoeLayer& layer, const float* logits, std::int64_t tokens, int runs, cudaStream_t stream) {
-  return time_forward<EpMoeLayer, EpStageEvents, kEpStageCount>(layer, logits, tokens, runs, stream);
 }
 
 }  // namespace tilemoe::cuda

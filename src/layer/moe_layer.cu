@@ -9,30 +9,37 @@
 #include "core/cuda/current_device.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cuda/device_array.hpp"
-#include "expert_ffn.hpp"
+#include "ep_layer_inspector.hpp"
 #include "layer_routing.hpp"
-#include "kernels/moe_kernels.hpp"
+#include "tilemoe/cuda/ep_moe_layer.hpp"
+#include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {
 
-struct MoeLayer::Impl : LayerRouting {
+// The one-GPU layer is the expert-parallel layer in a world of one: one code path. A world of
+// one skips both exchange copies (its expert rows are the permuted rows), so it runs what the
+// one-GPU layer ran before, to the bit and within 1.00-1.04x of its time (H100, 2026-12-06,
+// BENCHMARKS.md). What stays here is the one-GPU API: any stream, the stage
+// events of seven stages, and waits bounded by options.wait_limit with their own messages.
+struct MoeLayer::Impl {
   MoeConfig config;
   int device = 0;
   MoeLayerOptions options;
-  DeviceArray<__nv_bfloat16> rows, y;
-  std::unique_ptr<ExpertFfn> ffn;
+  std::unique_ptr<VirtualWorld> world;
+  std::unique_ptr<EpMoeLayer> layer;
 
   void init(const MoeConfig& c, int dev, MoeLayerOptions opts);
+  EpMoeLayerOptions layer_options() const {
+    EpMoeLayerOptions o;
+    o.gemm = options.gemm;
+    o.dispatch = DispatchPath::Device;
+    o.strategy = Strategy::Sequential;
+    return o;
+  }
   // a bounded wait for the stream; `who` names the caller in the timeout error
   void wait(cudaStream_t stream, const char* who) const;
 };
-
-MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device, MoeLayerOptions options)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->init(config, device, options);
-  impl_->ffn->draw(weights.seed);
-}
 
 void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   validate_cuda_layer(c);
@@ -43,25 +50,16 @@ void MoeLayer::Impl::init(const MoeConfig& c, int dev, MoeLayerOptions opts) {
   device = dev;
   options = opts;
   use_device(device);
-  const std::int64_t E = c.num_experts, H = c.hidden;
-  const auto slots = static_cast<std::size_t>(c.tokens * c.top_k);
-  const std::size_t slot_room = slots > 0 ? slots : 1;
-  allocate(c);
-  rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
-  y = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
-  const double rows_per_expert = static_cast<double>(slots) / static_cast<double>(E);
-  ffn = std::make_unique<ExpertFfn>(c, 0, E, static_cast<std::int64_t>(slots), rows_per_expert, opts.gemm, device);
+  VirtualWorldOptions world_options;
+  world_options.timeout = opts.wait_limit;
+  world = std::make_unique<VirtualWorld>(1, EpMoeLayer::region_bytes(c, 1, layer_options()), device, world_options);
+  world->rank(0).bind_thread();
 }
 
-std::size_t MoeLayer::device_bytes(const MoeConfig& c, MoeLayerOptions options) {
-  validate_cuda_layer(c);
-  const auto slots = static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.top_k, 0));
-  const std::size_t slot_room = slots > 0 ? slots : 1;
-  DeviceFootprint f = LayerRouting::device_bytes(c);
-  f.add(slot_room * static_cast<std::size_t>(c.hidden), sizeof(__nv_bfloat16));  // rows
-  f.add(slot_room * static_cast<std::size_t>(c.hidden), sizeof(__nv_bfloat16));  // y
-  f.add(ExpertFfn::device_bytes(c, c.num_experts, static_cast<std::int64_t>(slots), options.gemm));
-  return f.bytes();
+MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device, MoeLayerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->init(config, device, options);
+  impl_->layer = std::make_unique<EpMoeLayer>(config, weights, impl_->world->rank(0), impl_->layer_options());
 }
 
 MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device, MoeLayerOptions options)
@@ -71,48 +69,41 @@ MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int de
     throw_bad_input("the expert weights do not match the layer config");
   }
   impl_->init(config, device, options);
-  impl_->ffn->upload(weights);
+  impl_->layer = std::make_unique<EpMoeLayer>(config, weights, impl_->world->rank(0), impl_->layer_options());
+}
+
+std::size_t MoeLayer::device_bytes(const MoeConfig& c, MoeLayerOptions options) {
+  validate_cuda_layer(c);
+  EpMoeLayerOptions o;
+  o.gemm = options.gemm;
+  DeviceFootprint f;
+  f.add(EpMoeLayer::region_bytes(c, 1, o), 1);  // the world's region
+  for (int i = 0; i < 4; ++i) f.add(1, 1);      // the world's own small records
+  return f.bytes() + EpMoeLayer::device_bytes(c, 1, o);
 }
 
 MoeLayer::~MoeLayer() = default;
 
 const MoeConfig& MoeLayer::config() const { return impl_->config; }
 
-std::string MoeLayer::gemm_description() const { return impl_->ffn->description(); }
+std::string MoeLayer::gemm_description() const { return EpMoeLayerInspector::gemm_description(*impl_->layer); }
 
 void MoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits,
                        __nv_bfloat16* output, std::int64_t tokens, const StageEvents* events) {
   Impl& m = *impl_;
-  const MoeConfig& c = m.config;
-  if (tokens < 0 || tokens > c.tokens) {
-    throw_bad_input("forward of " + std::to_string(tokens) + " tokens on a layer sized for " + std::to_string(c.tokens));
-  }
-  for (const void* p : {static_cast<const void*>(input), static_cast<const void*>(output)}) {
-    if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
-  }
   use_device(m.device);
-  const int T = static_cast<int>(tokens), k = static_cast<int>(c.top_k);
-  const int H = static_cast<int>(c.hidden);
-  const int slots = T * k;
-  auto mark = [&](int stage) {
-    if (events) TILEMOE_CUDA_CHECK(cudaEventRecord(events->boundary[stage], stream));
-  };
-  mark(kRouter);
-  m.launch_router(stream, router_logits, T, c);
-  mark(kLayout);
-  m.launch_layout(stream, T, c);
-  m.ffn->build_tables(stream, m.row_offset.data());
-  mark(kPermute);
-  launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, m.rows.data());
-  mark(kGemm0);
-  m.ffn->run_gemm0(stream, m.row_offset.data(), m.rows.data(), slots);
-  mark(kActivation);
-  m.ffn->run_activation(stream, slots);
-  mark(kGemm1);
-  m.ffn->run_gemm1(stream, m.row_offset.data(), slots, m.y.data());
-  mark(kCombine);
-  launch_combine(stream, m.y.data(), m.weight.data(), m.row_of_slot.data(), T, k, H, output);
-  mark(kStageCount);
+  if (events == nullptr) {
+    m.layer->forward(stream, input, router_logits, output, tokens);
+    return;
+  }
+  // The world of one's nine stage boundaries on the seven of this layer: its dispatch (the
+  // offsets' copy) counts into the permute, its empty combine send into the combine (an event
+  // recorded twice keeps its last record).
+  const cudaEvent_t* b = events->boundary;
+  const EpStageEvents ep{{b[kRouter], b[kLayout], b[kPermute], b[kGemm0], b[kGemm0], b[kActivation], b[kGemm1], b[kCombine],
+                          b[kCombine], b[kStageCount]}};
+  static_assert(kEpStageCount == 9 && kStageCount == 7);
+  m.layer->forward(stream, input, router_logits, output, tokens, &ep);
 }
 
 const char* stage_name(int stage) {
@@ -120,10 +111,10 @@ const char* stage_name(int stage) {
   return stage >= 0 && stage < kStageCount ? names[stage] : "?";
 }
 
-const int* MoeLayer::row_offset() const { return impl_->row_offset.data(); }
-const __nv_bfloat16* MoeLayer::permuted_rows() const { return impl_->rows.data(); }
-const __nv_bfloat16* MoeLayer::expert_weights0() const { return impl_->ffn->weights0(); }
-const __nv_bfloat16* MoeLayer::expert_weights2() const { return impl_->ffn->weights2(); }
+const int* MoeLayer::row_offset() const { return EpMoeLayerInspector::row_offset(*impl_->layer); }
+const __nv_bfloat16* MoeLayer::permuted_rows() const { return EpMoeLayerInspector::expert_rows(*impl_->layer); }
+const __nv_bfloat16* MoeLayer::expert_weights0() const { return EpMoeLayerInspector::expert_weights0(*impl_->layer); }
+const __nv_bfloat16* MoeLayer::expert_weights2() const { return EpMoeLayerInspector::expert_weights2(*impl_->layer); }
 
 void MoeLayer::Impl::wait(cudaStream_t stream, const char* who) const {
   if (!wait_for_stream(stream, options.wait_limit)) {
@@ -133,15 +124,18 @@ void MoeLayer::Impl::wait(cudaStream_t stream, const char* who) const {
   }
 }
 
-// The copies run on the caller's stream once it is idle (cudaMemcpy would go through the legacy
-// stream and wait for every blocking stream of the device), and are waited for as boundedly.
+// The stream is waited for here first, bounded by wait_limit with this layer's message; the
+// world's own checks then find it finished.
 void MoeLayer::check(cudaStream_t stream) {
   impl_->wait(stream, "check");
-  int bad = INT_MAX;
-  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&bad, impl_->error_token.data(), sizeof bad, cudaMemcpyDeviceToHost, stream));
-  impl_->wait(stream, "check");
-  if (bad != INT_MAX) {
-    throw_bad_input("token " + std::to_string(bad) + ": a router logit is NaN or infinite; the router produced invalid values");
+  try {
+    impl_->layer->check(stream);
+  } catch (const Error& e) {
+    // a NaN logit: the one-GPU message names no rank
+    if (e.kind() != ErrorKind::BadInput) throw;
+    const std::string text = e.what();
+    const std::size_t token = text.find("token ");
+    throw_bad_input(token == std::string::npos ? text : text.substr(token));
   }
 }
 
@@ -151,20 +145,7 @@ Routing MoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
                     std::to_string(impl_->config.tokens));
   }
   impl_->wait(stream, "last_routing");
-  Routing r;
-  r.tokens = tokens;
-  r.top_k = impl_->config.top_k;
-  r.expert.resize(static_cast<std::size_t>(tokens * r.top_k));
-  r.weight.resize(r.expert.size());
-  r.kept.assign(r.expert.size(), 1);
-  if (!r.expert.empty()) {
-    TILEMOE_CUDA_CHECK(
-        cudaMemcpyAsync(r.expert.data(), impl_->expert.data(), r.expert.size() * 4, cudaMemcpyDeviceToHost, stream));
-    TILEMOE_CUDA_CHECK(
-        cudaMemcpyAsync(r.weight.data(), impl_->weight.data(), r.weight.size() * 4, cudaMemcpyDeviceToHost, stream));
-    impl_->wait(stream, "last_routing");
-  }
-  return r;
+  return impl_->layer->last_routing(stream, tokens);
 }
 
 }  // namespace tilemoe::cuda
