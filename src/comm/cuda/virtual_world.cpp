@@ -215,7 +215,8 @@ VirtualWorld::VirtualWorld(int ranks, std::size_t region_bytes, int device, Virt
   m.device = device;
   m.options = options;
   TILEMOE_CUDA_CHECK(cudaSetDevice(device));
-  if (lazy_module_loading()) {
+  // a world of one waits for no peer (the one-GPU layer is one), so lazy loading is safe there
+  if (ranks > 1 && lazy_module_loading()) {
     throw_bad_input("virtual ranks need CUDA_MODULE_LOADING=EAGER in the environment (before CUDA starts): with lazy loading a "
                     "kernel's first launch can wait for the peers' kernels that wait for it");
   }
