@@ -56,11 +56,11 @@ namespace {
 
 std::vector<MoeCase> build_registry() {
   std::vector<MoeCase> cases;
-  // the one-GPU layer's tests: edge shapes first, then the models' proportions scaled down
-  const auto one_gpu = [&](std::string name, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn, std::int64_t experts,
-                           std::int64_t top_k) -> MoeCase& {
+  const auto add = [&](std::string name, int ranks, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
+                       std::int64_t experts, std::int64_t top_k) -> MoeCase& {
     MoeCase c;
     c.name = std::move(name);
+    c.ranks = ranks;
     c.tokens = tokens;
     c.hidden = hidden;
     c.ffn = ffn;
@@ -68,6 +68,9 @@ std::vector<MoeCase> build_registry() {
     c.top_k = top_k;
     return cases.emplace_back(std::move(c));
   };
+  // the one-GPU layer's tests: edge shapes first, then the models' proportions scaled down
+  const auto one_gpu = [&](std::string name, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn, std::int64_t experts,
+                           std::int64_t top_k) -> MoeCase& { return add(std::move(name), 1, tokens, hidden, ffn, experts, top_k); };
   one_gpu("small", 300, 512, 768, 16, 4);
   one_gpu("mixtral-like", 256, 1024, 1792, 8, 2);
   {
@@ -83,18 +86,7 @@ std::vector<MoeCase> build_registry() {
   one_gpu("1024-experts", 64, 128, 128, 1024, 8);
 
   // the expert-parallel layer's tests
-  const auto ep = [&](std::string name, int ranks, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn,
-                      std::int64_t experts, std::int64_t top_k) -> MoeCase& {
-    MoeCase c;
-    c.name = std::move(name);
-    c.ranks = ranks;
-    c.tokens = tokens;
-    c.hidden = hidden;
-    c.ffn = ffn;
-    c.experts = experts;
-    c.top_k = top_k;
-    return cases.emplace_back(std::move(c));
-  };
+  const auto& ep = add;
   ep("two-ranks", 2, 200, 256, 512, 8, 2);
   {
     MoeCase& c = ep("skewed", 4, 300, 512, 768, 16, 4);
@@ -153,6 +145,12 @@ std::vector<MoeCase> build_registry() {
 const std::vector<MoeCase>& registry() {
   static const std::vector<MoeCase> cases = build_registry();
   return cases;
+}
+
+std::uint64_t registry_place(const MoeCase& c) {
+  const auto it = std::find_if(registry().begin(), registry().end(), [&](const MoeCase& r) { return r.id() == c.id(); });
+  if (it == registry().end()) throw_internal("case " + c.id() + " is not in the registry");
+  return static_cast<std::uint64_t>(it - registry().begin());
 }
 
 std::vector<MoeCase> select_cases(bool expert_parallel, Mode mode, const std::vector<std::string>& ids) {

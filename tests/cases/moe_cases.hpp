@@ -56,6 +56,8 @@ struct MoeCase {
 
 // Every case, tests' and benchmarks'.
 const std::vector<MoeCase>& registry();
+// A case's place in the registry: a seed offset that does not depend on which cases a run selects.
+std::uint64_t registry_place(const MoeCase& c);
 
 // The cases of one kind (one GPU or expert parallel) and mode, in registry order; or, when
 // `ids` is not empty, the cases of that kind with those ids, in the order given, whatever their

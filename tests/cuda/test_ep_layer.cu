@@ -617,10 +617,7 @@ int main(int argc, char** argv) {
     const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
     const auto run = [&](const cases::MoeCase& c) {
-      // a case's seed offset is its place in the registry: the same whatever the selection
-      const auto place = std::find_if(cases::registry().begin(), cases::registry().end(),
-                                      [&](const cases::MoeCase& r) { return r.id() == c.id(); }) - cases::registry().begin();
-      run_case(c, seed + 1000 * static_cast<std::uint64_t>(place + 1));
+      run_case(c, seed + 1000 * (cases::registry_place(c) + 1));
     };
     for (const cases::MoeCase& c : chosen) {
       if (c.sms_per_rank == 0) run(c);

@@ -337,11 +337,8 @@ int main(int argc, char** argv) {
     const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::printf("seed %llu (fresh random data every run)\n", static_cast<unsigned long long>(seed));
     for (const cases::MoeCase& c : chosen) {
-      // a case's seed offset is its place in the registry: the same whatever the selection
-      const auto place = std::find_if(cases::registry().begin(), cases::registry().end(),
-                                      [&](const cases::MoeCase& r) { return r.id() == c.id(); }) - cases::registry().begin();
       const auto start = std::chrono::steady_clock::now();
-      run_case(c, seed + 1000 * static_cast<std::uint64_t>(place + 1));
+      run_case(c, seed + 1000 * (cases::registry_place(c) + 1));
       std::printf("  (%.1f s)\n", std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     const auto asked = [&](const std::string& check) { return std::find(checks.begin(), checks.end(), check) != checks.end(); };
