@@ -143,6 +143,47 @@ static_assert(std::is_trivially_copyable_v<FlagWait> && std::is_trivially_copyab
               std::is_trivially_copyable_v<Segment> && std::is_trivially_copyable_v<CombineTask> &&
               std::is_trivially_copyable_v<TaskRef>);
 
+// The same plan with its room fixed in advance, the form a compiler fills on either side: on the
+// GPU, a kernel writes a rank's plan every step into tables a layer sized when it was built
+// (no allocation, no host synchronisation, so a captured step replays in a CUDA graph); on the
+// host, the tables are vectors' storage. A table's `count` entries are in use.
+template <typename T>
+struct PlanTable {
+  T* data = nullptr;
+  std::uint32_t capacity = 0;
+  std::uint32_t count = 0;
+};
+
+// What a compiler writes besides the tables (StepPlan's header, less what the layer fixes).
+struct PlanHeader {
+  std::int64_t expert_rows = 0;
+  std::int64_t combine_rows = 0;
+  std::uint32_t flag_count = 0;
+  // 0, or 1 + the index of the first table that lacked room (see plan_table_name): the plan is
+  // incomplete and must not run.
+  std::uint32_t overflow = 0;
+};
+
+// A rank's plan less its per-token tables (gather_rows, combine_source_row, combine_weight):
+// those follow from the routing, and the rows they name are fixed by the counts alone (a
+// rank's permuted order: global expert ascending, tokens ascending), so a compiler needs
+// every rank's per-expert counts and nothing else.
+struct PlanTables {
+  PlanHeader header;
+  PlanTable<LocalExpert> experts;
+  PlanTable<FlagWait> waits;
+  PlanTable<GemmTile> tiles;
+  PlanTable<Segment> segments;
+  PlanTable<CombineTask> combines;
+  PlanTable<TaskRef> compute_queue;
+  PlanTable<TaskRef> comm_queue;
+};
+constexpr int kPlanTableCount = 7;
+// "experts", "waits", "tiles", "segments", "combines", "compute queue", "comm queue"
+std::string_view plan_table_name(int index);
+
+static_assert(std::is_trivially_copyable_v<PlanHeader> && std::is_trivially_copyable_v<PlanTables>);
+
 struct PlanOptions {
   std::int64_t tile_m = 16;  // GEMM tile height (rows); tile_signal pads owner groups to it
   std::int64_t tile_n = 64;  // GEMM tile width (columns) for both layers

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "plan/gpu_tables.hpp"
+#include "tilemoe/plan.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 
 namespace tilemoe::cuda {
@@ -25,6 +26,9 @@ struct EpLayerTables {
 struct EpMoeLayerInspector {
   // Waits for the step (bounded, as check() does), then downloads its tables.
   static EpLayerTables last_tables(const EpMoeLayer& layer, cudaStream_t stream);
+  // Waits for the step (bounded), then downloads the plan the device compiled for it
+  // (EpMoeLayerHarness::build_device_plan): its tables and header, not its per-token tables.
+  static StepPlan last_device_plan(const EpMoeLayer& layer, cudaStream_t stream);
 
   // Device pointers of the last step's intermediates, which the one-GPU layer (a world of one)
   // hands to baselines that reuse them (MoeLayer::row_offset and the others).

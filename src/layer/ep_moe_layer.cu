@@ -17,6 +17,7 @@
 #include "exec/cuda/arrival_combine.hpp"
 #include "exec/cuda/band_consumer.hpp"
 #include "strategies/tile_signal/gpu_schedule.hpp"
+#include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/exchange_setup.hpp"
 #include "strategies/tile_signal/gpu_setup.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
@@ -92,6 +93,21 @@ struct EpMoeLayer::Impl : LayerRouting {
   std::string split_note;          // how the split was chosen, for description()
   EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
   int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the flag the corrupted band waits for
+  // harness.build_device_plan: the last step's plan, compiled on the device, and its tokens
+  std::unique_ptr<DevicePlanTables> device_plan;
+  int device_plan_tokens = 0;
+  // The shape of the device-built plan: the planned GEMM's tiles, the CPU engine's combine tasks.
+  plan_detail::SequentialShape device_plan_shape(std::int64_t tokens) const {
+    plan_detail::SequentialShape shape;
+    shape.rank = rank;
+    shape.tokens = tokens;
+    shape.hidden = config.hidden;
+    shape.ffn_hidden = config.ffn_hidden;
+    shape.tile_m = kPlannedTileM;
+    shape.tile_n = kPlannedTileN;
+    shape.combine_tokens = PlanOptions{}.combine_tokens;
+    return shape;
+  }
   // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
   DeviceArray<unsigned long long> tile_times, segment_times;
 
@@ -245,6 +261,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
   if (h.identity_experts) {
     if (o.strategy == Strategy::TileSignal) throw_bad_input("identity experts run the sequential strategy only");
+    if (h.build_device_plan) throw_bad_input("identity experts (an exchange benchmark) run no plan");
     options.strategy = Strategy::Sequential;
     agree_on_settings(false);
     return;
@@ -281,6 +298,14 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     split_chosen_here = split.chosen_by_model;
   }
   agree_on_settings(split_chosen_here);
+  if (h.build_device_plan) {
+    if (options.strategy != Strategy::Sequential) {
+      throw_bad_input("the device-built plan exists for the sequential strategy only so far");
+    }
+    device_plan = std::make_unique<DevicePlanTables>(
+        plan_detail::sequential_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
+        world, static_cast<int>(E));
+  }
   if (options.strategy == Strategy::TileSignal) {
     if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
       throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
@@ -578,6 +603,13 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       m.host_dispatch(stream, T);
     }
+    if (m.device_plan) {  // from the counts this step exchanged
+      const bool inbox = !m.direct && m.options.dispatch == DispatchPath::Device;
+      const int* counts = inbox ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
+      const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
+      launch_compile_sequential(stream, counts, offsets, m.device_plan_shape(T), *m.device_plan);
+      m.device_plan_tokens = T;
+    }
     const bool overlap = m.options.strategy == Strategy::TileSignal;
     if (m.ffn) {
       m.ffn->build_tables(stream, m.local_row_offset.data());
@@ -704,6 +736,28 @@ EpLayerTables EpMoeLayer::Impl::download_tables(cudaStream_t stream) const {
 
 EpLayerTables EpMoeLayerInspector::last_tables(const EpMoeLayer& layer, cudaStream_t stream) {
   return layer.impl_->download_tables(stream);
+}
+
+StepPlan EpMoeLayerInspector::last_device_plan(const EpMoeLayer& layer, cudaStream_t stream) {
+  const EpMoeLayer::Impl& m = *layer.impl_;
+  if (!m.device_plan) throw_bad_input("this layer builds no device plan: set EpMoeLayerHarness::build_device_plan");
+  use_device(m.device);
+  m.wait_for_step(stream);
+  const plan_detail::SequentialShape shape = m.device_plan_shape(m.device_plan_tokens);
+  StepPlan plan;
+  plan.strategy = Strategy::Sequential;
+  plan.rank = m.rank;
+  plan.world_size = m.world;
+  plan.tokens = shape.tokens;
+  plan.hidden = m.config.hidden;
+  plan.ffn_hidden = m.config.ffn_hidden;
+  plan.top_k = m.config.top_k;
+  plan.activation = m.config.activation;
+  plan.dtype = m.config.dtype;
+  plan.tile_m = shape.tile_m;
+  plan.tile_n0 = plan.tile_n1 = shape.tile_n;
+  m.device_plan->download(m.own, [&](const char* what) { m.wait_for_own(what); }, plan);
+  return plan;
 }
 
 const int* EpMoeLayerInspector::row_offset(const EpMoeLayer& layer) { return layer.impl_->row_offset.data(); }

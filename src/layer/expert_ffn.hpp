@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "device_footprint.hpp"
+#include "core/cuda/device_footprint.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/config.hpp"

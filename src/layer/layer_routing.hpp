@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "device_footprint.hpp"
+#include "core/cuda/device_footprint.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 #include "tilemoe/config.hpp"
 

@@ -16,13 +16,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/host_device.hpp"
 #include "plan/gpu_tables.hpp"
-
-#if defined(__CUDACC__)
-#define TILEMOE_HOST_DEVICE __host__ __device__
-#else
-#define TILEMOE_HOST_DEVICE
-#endif
 
 namespace tilemoe::cuda {
 

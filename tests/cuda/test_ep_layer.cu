@@ -24,6 +24,7 @@
 #include "sm90_device.hpp"
 #include "tilemoe/cpu_executor.hpp"
 #include "layer/ep_layer_inspector.hpp"
+#include "plan/plan_tables.hpp"
 #include "strategies/tile_signal/band_order.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
@@ -219,6 +220,45 @@ void check_device_schedule(const cases::MoeCase& c, const EpWorld& world, const 
   expect(e.within_tolerance(), "the CPU executor running the GPU's schedule: " + e.describe());
 }
 
+// The sequential plans the GPU compiled from the step's exchanged counts (`path`: which dispatch
+// path exchanged them), downloaded from every rank: each equals the host compiler's for the same
+// counts at the same tile shape, they pass validate_plan with the routing's per-token tables,
+// and the CPU executor running them gives the GPU's output within bf16 tolerance.
+void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
+                        const std::vector<Routing>& routing, std::vector<StepPlan> device_plans,
+                        const std::vector<Matrix>& device_out, const char* path) {
+  PlanOptions o;
+  o.tile_m = cuda::kPlannedTileM;
+  o.tile_n = cuda::kPlannedTileN;
+  const std::vector<StepPlan> host_plans = compile_plan(Strategy::Sequential, world, routing, o);
+  const plan_detail::HostStepCounts counts = plan_detail::routing_counts(routing, static_cast<int>(c.experts));
+  std::string difference;
+  for (std::size_t r = 0; r < device_plans.size() && difference.empty(); ++r) {
+    difference = plan_detail::first_table_difference(device_plans[r], host_plans[r]);
+    if (!difference.empty()) difference = "rank " + std::to_string(r) + ": " + difference + " (device / host)";
+    plan_detail::add_token_tables(device_plans[r], routing[r], counts.view());
+  }
+  if (!difference.empty()) std::printf("  %s\n", difference.c_str());
+  expect(difference.empty(), std::string("every rank's device-built sequential plan (") + path +
+                                 ") equals the host compiler's for the same counts");
+  bool valid = true;
+  try {
+    validate_plan(device_plans);
+  } catch (const Error& e) {
+    valid = false;
+    std::printf("  validate_plan: %s\n", e.what());
+  }
+  expect(valid, std::string("validate_plan accepts the device-built plans (") + path + ")");
+  if (!valid) return;
+  if (!sample_tokens(world, routing, cases::kOracleWork).whole()) {
+    std::printf("  (the CPU executor does not run the device-built plans: the whole step exceeds the oracle's work bound)\n");
+    return;
+  }
+  const cases::OracleErrors e =
+      cases::oracle_errors_of_plans(world, step.inputs, routing, weights, device_plans, device_out, c.tolerance);
+  expect(e.within_tolerance(), std::string("the CPU executor running the device-built plans (") + path + "): " + e.describe());
+}
+
 void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   const int failures_before = failures();
   std::printf("%s: %d virtual ranks, up to %lld tokens each, hidden %lld, ffn %lld, E %lld, top-%lld, %s routing\n",
@@ -239,6 +279,9 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   std::vector<Routing> routing(n);
   std::vector<std::string> description(n);
   std::vector<cuda::EpLayerTables> device_tables(n);
+  std::vector<StepPlan> device_plans(n), host_path_plans(n);
+  cuda::EpMoeLayerHarness build_plan;
+  build_plan.build_device_plan = true;
   on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const std::int64_t T = world.tokens_per_rank[ri];
@@ -246,18 +289,20 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
     transport.bind_thread();  // before its stream exists: with partitions the stream is the partition's
     RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden, transport.stream(cuda::RankStream::Main));
     {
-      cuda::EpMoeLayer layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Device});
+      cuda::EpMoeLayer layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Device}, build_plan);
       description[ri] = layer.description();
       eager_and_replayed(layer, transport, b, T, c.hidden, 2, {&device_out[ri], &second_out[ri]}, graph_out[ri]);
       routing[ri] = layer.last_routing(b.stream, T);
+      device_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(layer, b.stream);  // as the graph replay compiled it
       transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
     }
     {
-      cuda::EpMoeLayer host_layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Host});
+      cuda::EpMoeLayer host_layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Host}, build_plan);
       b.poison();
       host_layer.forward(b.stream, b.input, b.logits, b.output, T);
       host_layer.check(b.stream);
       host_out[ri] = b.read(T, c.hidden);
+      host_path_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(host_layer, b.stream);
       transport.host_barrier();
     }
     transport.host_barrier();  // frees (device-wide synchronisations) only after every rank's last step
@@ -275,6 +320,8 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   expect(same_graph, "a CUDA-graph replay of the device path gives the eager output bitwise");
   expect(same_paths, "the device and host dispatch paths give bitwise-identical outputs");
   check_against_oracle(c, world, step, weights, routing, device_out);
+  check_device_plans(c, world, step, weights, routing, std::move(device_plans), device_out, "device dispatch");
+  check_device_plans(c, world, step, weights, routing, std::move(host_path_plans), host_out, "host dispatch");
 
   if (!with_tile_signal) return;
   // the tile-signal overlap in a world of its own (a failure here leaves the sequential
@@ -551,6 +598,8 @@ void world_of_one_is_the_one_gpu_layer() {
     const SyntheticStep step = synthetic_step(world, RoutingPattern::Skewed, 21);
     cuda::VirtualWorld vw(1, cuda::EpMoeLayer::region_bytes(config, 1), 0, {world_timeout});
     std::vector<Matrix> eager(1), second(1), replayed(1);
+    std::vector<Routing> routing(1);
+    std::vector<StepPlan> device_plan(1);
     Matrix one_gpu;
     std::string description;
     on_every_rank(vw, [&](int r) {
@@ -564,13 +613,34 @@ void world_of_one_is_the_one_gpu_layer() {
         layer.check(b.stream);
         one_gpu = b.read(config.tokens, config.hidden);
       }
-      cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{9}, transport);
+      cuda::EpMoeLayerHarness build_plan;
+      build_plan.build_device_plan = true;
+      cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{9}, transport, {}, build_plan);
       description = layer.description();
       eager_and_replayed(layer, transport, b, config.tokens, config.hidden, 2, {&eager[0], &second[0]}, replayed[0]);
+      routing[0] = layer.last_routing(b.stream, config.tokens);
+      device_plan[0] = cuda::EpMoeLayerInspector::last_device_plan(layer, b.stream);
     });
     expect(eager[0].bitwise_equal(one_gpu) && second[0].bitwise_equal(one_gpu) && replayed[0].bitwise_equal(one_gpu),
            std::to_string(config.tokens) + " tokens, hidden " + std::to_string(config.hidden) +
                ": the world of one gives the one-GPU layer's bits (two steps and a graph replay); " + description);
+    // the plan compiled from the layer's own offsets (no exchange in a world of one)
+    PlanOptions o;
+    o.tile_m = cuda::kPlannedTileM;
+    o.tile_n = cuda::kPlannedTileN;
+    const std::string difference =
+        plan_detail::first_table_difference(device_plan[0], compile_plan(Strategy::Sequential, world, routing, o)[0]);
+    plan_detail::add_token_tables(device_plan[0], routing[0],
+                                  plan_detail::routing_counts(routing, static_cast<int>(config.num_experts)).view());
+    bool valid = true;
+    try {
+      validate_plan(device_plan);
+    } catch (const Error& e) {
+      valid = false;
+      std::printf("  validate_plan: %s\n", e.what());
+    }
+    expect(difference.empty() && valid, std::to_string(config.tokens) + " tokens: the world of one's device-built plan equals the "
+                                        "host compiler's and passes validate_plan " + difference);
   }
 }
 

@@ -1,0 +1,46 @@
+#pragma once
+// One rank's plan tables in device memory, with the room fixed when a layer is built: a
+// strategy's compiler kernel (src/strategies/<system>/device_compiler.cu) rewrites them every
+// step from the exchanged counts, with no allocation and no host synchronisation.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <functional>
+
+#include "plan/plan_tables.hpp"
+#include "tilemoe/cuda/device_array.hpp"
+
+namespace tilemoe::cuda {
+
+class DevicePlanTables {
+ public:
+  // Room for plans of a world of `world` ranks and `experts` global experts.
+  DevicePlanTables(const plan_detail::PlanCapacity& capacity, int world, int experts);
+  // The bytes of device memory the tables take, each allocation in 2 MiB pages (device_bytes).
+  static std::size_t device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts);
+
+  PlanTables* view() const { return view_.data(); }   // [1] the tables, as the compiler writes them
+  int* offset() const { return offset_.data(); }      // [world][experts + 1] the compiler's scratch
+  int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
+  int world() const { return world_; }
+  int experts() const { return experts_; }
+
+  // Copies the last compiled plan's tables and header into `plan` (whose own header the caller
+  // set): copies on `stream`, each batch followed by `wait(what)`, which must bound its wait.
+  // An overflowed table is an internal error.
+  void download(cudaStream_t stream, const std::function<void(const char*)>& wait, StepPlan& plan) const;
+
+ private:
+  plan_detail::PlanCapacity capacity_;
+  int world_ = 0, experts_ = 0;
+  DeviceArray<LocalExpert> experts_table_;
+  DeviceArray<FlagWait> waits_;
+  DeviceArray<GemmTile> tiles_;
+  DeviceArray<Segment> segments_;
+  DeviceArray<CombineTask> combines_;
+  DeviceArray<TaskRef> compute_queue_, comm_queue_;
+  DeviceArray<PlanTables> view_;
+  DeviceArray<int> offset_, rank_row_;
+};
+
+}  // namespace tilemoe::cuda

@@ -1,0 +1,97 @@
+#pragma once
+// What a plan compiler reads: every rank's per-expert row counts (a real step has them after the
+// count exchange), and the row offsets that follow from them. One header for the host and the
+// device, so that a plan compiled on either side from the same counts is the same plan.
+//
+// Rows follow from counts alone:
+//  - a rank's permuted order (its send rows, and its CombineIn, where its rows come back): global
+//    expert ascending, the rank's tokens ascending inside an expert; `offset(q, x)` is rank q's
+//    first row of global expert x;
+//  - a rank's ExpertIn: local expert ascending, and inside an expert the source ranks
+//    ascending; `block_row(d, e, q)` is where source q's rows of rank d's local expert e start.
+#include <cstdint>
+
+#include "core/host_device.hpp"
+#include "tilemoe/plan.hpp"
+
+namespace tilemoe::plan_detail {
+
+struct StepCounts {
+  int world = 0;
+  int experts = 0;        // global experts, world * local_experts
+  int local_experts = 0;
+  const int* offset = nullptr;    // [world][experts + 1]
+  const int* rank_row = nullptr;  // [world][local_experts + 1]: rank d's local expert e starts at
+                                  // row rank_row[d * (L + 1) + e] of d's ExpertIn; e = L: d's rows
+
+  TILEMOE_HOST_DEVICE int offset_of(int q, int x) const { return offset[q * (experts + 1) + x]; }
+  TILEMOE_HOST_DEVICE int count(int q, int x) const { return offset_of(q, x + 1) - offset_of(q, x); }
+  TILEMOE_HOST_DEVICE int expert_row(int d, int e) const { return rank_row[d * (local_experts + 1) + e]; }
+  TILEMOE_HOST_DEVICE int expert_rows(int d) const { return expert_row(d, local_experts); }
+  TILEMOE_HOST_DEVICE int local_rows(int d, int e) const { return expert_row(d, e + 1) - expert_row(d, e); }
+  TILEMOE_HOST_DEVICE int block_row(int d, int e, int q) const {
+    int row = expert_row(d, e);
+    for (int p = 0; p < q; ++p) row += count(p, d * local_experts + e);
+    return row;
+  }
+  // How many local experts of rank `d` hold rows of source `q`: the segments q sends d in a
+  // dispatch, and d sends back to q in a combine.
+  TILEMOE_HOST_DEVICE int groups_from(int q, int d) const {
+    int groups = 0;
+    for (int e = 0; e < local_experts; ++e) groups += count(q, d * local_experts + e) > 0 ? 1 : 0;
+    return groups;
+  }
+};
+
+// Fills `offset` [world][experts + 1] and `rank_row` [world][local_experts + 1] from
+// `counts` [world][experts] (count of rank q's rows for global expert x). Thread `lane` of
+// `lanes` does ranks lane, lane + lanes, ...; on the device every lane must finish (a barrier)
+// before the result is read.
+TILEMOE_HOST_DEVICE inline void derive_offsets(const int* counts, int world, int experts, int* offset, int lane, int lanes) {
+  for (int q = lane; q < world; q += lanes) {
+    int running = 0;
+    for (int x = 0; x < experts; ++x) {
+      offset[q * (experts + 1) + x] = running;
+      running += counts[q * experts + x];
+    }
+    offset[q * (experts + 1) + experts] = running;
+  }
+}
+TILEMOE_HOST_DEVICE inline void derive_rank_rows(const int* offset, int world, int experts, int* rank_row, int lane, int lanes) {
+  const int local = experts / world;
+  for (int d = lane; d < world; d += lanes) {
+    int running = 0;
+    for (int e = 0; e < local; ++e) {
+      rank_row[d * (local + 1) + e] = running;
+      for (int q = 0; q < world; ++q) {
+        running += offset[q * (experts + 1) + d * local + e + 1] - offset[q * (experts + 1) + d * local + e];
+      }
+    }
+    rank_row[d * (local + 1) + local] = running;
+  }
+}
+
+// Appends to a table with fixed room; a full table records the overflow in the header (the first
+// one only) and drops the entry. Returns the entry's index.
+template <typename T>
+TILEMOE_HOST_DEVICE inline std::uint32_t plan_push(PlanTable<T>& table, const T& value, PlanHeader& header, int table_index) {
+  if (table.count >= table.capacity) {
+    if (header.overflow == 0) header.overflow = static_cast<std::uint32_t>(table_index + 1);
+    return table.count;
+  }
+  table.data[table.count] = value;
+  return table.count++;
+}
+constexpr int kExpertsTable = 0, kWaitsTable = 1, kTilesTable = 2, kSegmentsTable = 3, kCombinesTable = 4,
+              kComputeQueueTable = 5, kCommQueueTable = 6;
+
+// Empties every table of a plan (their room stays).
+TILEMOE_HOST_DEVICE inline void clear_plan(PlanTables& plan) {
+  plan.header = PlanHeader{};
+  plan.experts.count = plan.waits.count = plan.tiles.count = plan.segments.count = plan.combines.count = 0;
+  plan.compute_queue.count = plan.comm_queue.count = 0;
+}
+
+TILEMOE_HOST_DEVICE inline std::int64_t ceil_div64(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace tilemoe::plan_detail

@@ -1,0 +1,166 @@
+#pragma once
+// The sequential strategy's compiler: one code path from every rank's per-expert counts to one
+// rank's plan, run by the host (compile_plan) and by a kernel on the GPU (device_plan.cu).
+//
+// The schedule: the dispatch all-to-all (rank r sends to r, r + 1, ...; a segment per non-empty
+// (destination, local expert) group), every local expert's GEMM0 tiles, then every GEMM1 tile,
+// the combine all-to-all (a segment per non-empty (local expert, source) group, back to the
+// source), then the top-k sums in token chunks. Each phase waits for the whole phase before it.
+//
+// Flags of rank r, numbered so that any rank can name a peer's: [0, W) the dispatch arrivals
+// from sender p (one count per segment), W the GEMM0 tiles, W + 1 the GEMM1 tiles,
+// [W + 2, 2W + 2) the combine arrivals from expert rank d.
+#include <cstdint>
+
+#include "plan/plan_tables.hpp"
+#include "plan/step_counts.hpp"
+
+namespace tilemoe::plan_detail {
+
+struct SequentialShape {
+  int rank = 0;
+  std::int64_t tokens = 0;  // this rank's
+  std::int64_t hidden = 0;
+  std::int64_t ffn_hidden = 0;
+  std::int64_t tile_m = 16, tile_n = 64;
+  std::int64_t combine_tokens = 32;
+};
+
+TILEMOE_HOST_DEVICE inline std::uint32_t sequential_flag_count(int world) { return static_cast<std::uint32_t>(2 * world + 2); }
+
+// Room for any step of a layer whose ranks receive at most `max_rows` expert rows and own at most
+// `max_tokens` tokens.
+inline PlanCapacity sequential_capacity(int world, int local_experts, std::int64_t max_rows, std::int64_t max_tokens,
+                                        const SequentialShape& shape) {
+  const std::int64_t bands = max_rows / shape.tile_m + local_experts;
+  const std::int64_t tiles = bands * (ceil_div64(shape.ffn_hidden, shape.tile_n) + ceil_div64(shape.hidden, shape.tile_n));
+  const std::int64_t combines = ceil_div64(max_tokens, shape.combine_tokens);
+  const std::int64_t segments = 2LL * world * local_experts;
+  return checked_capacity({local_experts, 2LL * world + 2, tiles, segments, combines, tiles + combines, segments});
+}
+
+TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, const SequentialShape& s, PlanTables& out) {
+  const int W = c.world, L = c.local_experts, r = s.rank;
+  clear_plan(out);
+  PlanHeader& h = out.header;
+  h.expert_rows = c.expert_rows(r);
+  h.combine_rows = c.offset_of(r, c.experts);
+  h.flag_count = sequential_flag_count(W);
+
+  for (int e = 0; e < L; ++e) {
+    plan_push(out.experts, LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)}, h, kExpertsTable);
+  }
+
+  // the waits, shared by every task of a phase
+  const std::uint32_t dispatch_waits = out.waits.count;
+  for (int p = 0; p < W; ++p) {
+    const int groups = c.groups_from(p, r);
+    if (groups > 0) plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(p), static_cast<std::uint32_t>(groups), p}, h, kWaitsTable);
+  }
+  const std::uint32_t dispatch_wait_count = out.waits.count - dispatch_waits;
+  std::int64_t layer_tiles[2] = {0, 0};
+  for (int e = 0; e < L; ++e) {
+    const std::int64_t bands = ceil_div64(c.local_rows(r, e), s.tile_m);
+    layer_tiles[0] += bands * ceil_div64(s.ffn_hidden, s.tile_n);
+    layer_tiles[1] += bands * ceil_div64(s.hidden, s.tile_n);
+  }
+  std::uint32_t layer_wait[2] = {0, 0};
+  for (int layer = 0; layer < 2; ++layer) {
+    layer_wait[layer] = out.waits.count;
+    if (layer_tiles[layer] > 0) {
+      plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(W + layer), static_cast<std::uint32_t>(layer_tiles[layer]), r}, h,
+                kWaitsTable);
+    }
+  }
+  const std::uint32_t combine_waits = out.waits.count;
+  for (int d = 0; d < W; ++d) {
+    const int groups = c.groups_from(r, d);
+    if (groups > 0) {
+      plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(W + 2 + d), static_cast<std::uint32_t>(groups), d}, h, kWaitsTable);
+    }
+  }
+  const std::uint32_t combine_wait_count = out.waits.count - combine_waits;
+
+  // GEMM0 after the whole dispatch, GEMM1 after the whole GEMM0: each expert's row bands, each
+  // band's column tiles
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::int64_t cols = layer == 0 ? s.ffn_hidden : s.hidden;
+    GemmTile tile;
+    tile.layer = static_cast<std::uint8_t>(layer);
+    tile.signal_flag = W + layer;
+    tile.wait_begin = layer == 0 ? dispatch_waits : layer_wait[0];
+    tile.wait_count = layer == 0 ? dispatch_wait_count : (layer_tiles[0] > 0 ? 1u : 0u);
+    for (int e = 0; e < L; ++e) {
+      tile.expert = e;
+      for (std::int64_t row = c.expert_row(r, e); row < c.expert_row(r, e + 1); row += s.tile_m) {
+        tile.row_begin = row;
+        tile.row_end = row + s.tile_m < c.expert_row(r, e + 1) ? row + s.tile_m : c.expert_row(r, e + 1);
+        for (std::int64_t col = 0; col < cols; col += s.tile_n) {
+          tile.col_begin = col;
+          tile.col_end = col + s.tile_n < cols ? col + s.tile_n : cols;
+          const std::uint32_t index = plan_push(out.tiles, tile, h, kTilesTable);
+          plan_push(out.compute_queue, TaskRef{TaskKind::Gemm, index}, h, kComputeQueueTable);
+        }
+      }
+    }
+  }
+
+  // the top-k sums, after the whole combine all-to-all has landed
+  for (std::int64_t token = 0; token < s.tokens; token += s.combine_tokens) {
+    CombineTask task;
+    task.token_begin = token;
+    task.token_end = token + s.combine_tokens < s.tokens ? token + s.combine_tokens : s.tokens;
+    task.col_begin = 0;
+    task.col_end = s.hidden;
+    task.wait_begin = combine_waits;
+    task.wait_count = combine_wait_count;
+    const std::uint32_t index = plan_push(out.combines, task, h, kCombinesTable);
+    plan_push(out.compute_queue, TaskRef{TaskKind::Combine, index}, h, kComputeQueueTable);
+  }
+
+  // the dispatch: this rank's permuted rows of each (destination, local expert) group
+  for (int step = 0; step < W; ++step) {
+    const int d = (r + step) % W;
+    for (int e = 0; e < L; ++e) {
+      const int rows = c.count(r, d * L + e);
+      if (rows == 0) continue;
+      Segment segment;
+      segment.src = BufferId::Input;
+      segment.dst = BufferId::ExpertIn;
+      segment.dest_rank = d;
+      segment.rows = rows;
+      segment.gather_begin = static_cast<std::uint32_t>(c.offset_of(r, d * L + e));
+      segment.gather_count = static_cast<std::uint32_t>(rows);
+      segment.dst_row = c.block_row(d, e, r);
+      segment.col_begin = 0;
+      segment.col_end = s.hidden;
+      segment.dest_flag = r;
+      const std::uint32_t index = plan_push(out.segments, segment, h, kSegmentsTable);
+      plan_push(out.comm_queue, TaskRef{TaskKind::Segment, index}, h, kCommQueueTable);
+    }
+  }
+  // the combine all-to-all, after the whole GEMM1: each (local expert, source) group back to its
+  // source, where it lands in the source's permuted order
+  for (int e = 0; e < L; ++e) {
+    for (int q = 0; q < W; ++q) {
+      const int rows = c.count(q, r * L + e);
+      if (rows == 0) continue;
+      Segment segment;
+      segment.src = BufferId::ExpertOut;
+      segment.dst = BufferId::CombineIn;
+      segment.dest_rank = q;
+      segment.rows = rows;
+      segment.src_row = c.block_row(r, e, q);
+      segment.dst_row = c.offset_of(q, r * L + e);
+      segment.col_begin = 0;
+      segment.col_end = s.hidden;
+      segment.wait_begin = layer_wait[1];
+      segment.wait_count = 1;
+      segment.dest_flag = W + 2 + r;
+      const std::uint32_t index = plan_push(out.segments, segment, h, kSegmentsTable);
+      plan_push(out.comm_queue, TaskRef{TaskKind::Segment, index}, h, kCommQueueTable);
+    }
+  }
+}
+
+}  // namespace tilemoe::plan_detail

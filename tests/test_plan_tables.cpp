@@ -1,0 +1,123 @@
+// The fixed-room plan tables and the compiler that fills them from counts alone (the sequential
+// strategy's, which the GPU runs too): room that always suffices, overflow caught and named, the
+// per-token tables in the permuted order, and the table comparison the GPU tests rely on.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "plan/plan_tables.hpp"
+#include "step_fixture.hpp"
+#include "strategies/sequential/sequential_plan.hpp"
+#include "tilemoe/error.hpp"
+
+using namespace tilemoe;
+using namespace tilemoe::plan_detail;
+
+namespace {
+
+SequentialShape shape_of(int rank, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn, std::int64_t tile_m,
+                         std::int64_t tile_n) {
+  SequentialShape s;
+  s.rank = rank;
+  s.tokens = tokens;
+  s.hidden = hidden;
+  s.ffn_hidden = ffn;
+  s.tile_m = tile_m;
+  s.tile_n = tile_n;
+  s.combine_tokens = 5;
+  return s;
+}
+
+}  // namespace
+
+TEST(PlanTables, RandomCountsCompileToValidPlansWithinTheirRoom) {
+  std::mt19937 rng(20261206);
+  for (int trial = 0; trial < 60; ++trial) {
+    const int world = 1 + static_cast<int>(rng() % 5), local = 1 + static_cast<int>(rng() % 4);
+    const std::int64_t k = 1 + static_cast<std::int64_t>(rng() % std::min<unsigned>(4u, static_cast<unsigned>(world * local)));
+    std::vector<std::int64_t> tokens(static_cast<std::size_t>(world));
+    for (auto& t : tokens) t = static_cast<std::int64_t>(rng() % 40);  // empty ranks too
+    const EpWorld w = tilemoe::testing::make_world(tokens, 16, 24, world * local, k);
+    const auto step = tilemoe::testing::make_case(w, trial % 2 ? RoutingPattern::Skewed : RoutingPattern::Balanced, 100 + trial);
+    PlanOptions o;
+    o.tile_m = 1 + static_cast<std::int64_t>(rng() % 9);
+    o.tile_n = 1 + static_cast<std::int64_t>(rng() % 20);
+    o.combine_tokens = 1 + static_cast<std::int64_t>(rng() % 8);
+    const std::vector<StepPlan> plans = compile_plan(Strategy::Sequential, w, step.routing, o);
+    ASSERT_NO_THROW(validate_plan(plans)) << "trial " << trial;
+    for (const StepPlan& p : plans) EXPECT_EQ(first_table_difference(p, p), "");
+  }
+}
+
+TEST(PlanTables, TheRoomIsTheBoundAndAnOverflowIsNamed) {
+  // every expert's rows one past a multiple of the tile: the most bands the bound allows
+  const int world = 2, local = 3, experts = world * local;
+  const std::int64_t tile_m = 4, tile_n = 8, hidden = 20, ffn = 12;
+  std::vector<int> counts(static_cast<std::size_t>(world * experts));
+  for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = static_cast<int>(i % 2 == 0 ? 5 : 0);  // 5 = 4 + 1
+  const HostStepCounts c(counts, world, experts);
+  const SequentialShape shape = shape_of(0, 17, hidden, ffn, tile_m, tile_n);
+  const PlanCapacity room = sequential_capacity(world, local, c.view().expert_rows(0), shape.tokens, shape);
+  HostPlanTables fits(room);
+  compile_sequential_tables(c.view(), shape, fits.view());
+  EXPECT_EQ(fits.view().header.overflow, 0u);
+  StepPlan plan;
+  ASSERT_NO_THROW(copy_plan_tables(fits.view(), plan));
+  EXPECT_FALSE(plan.tiles.empty());
+
+  PlanCapacity short_of_tiles = room;
+  short_of_tiles.entries[kTilesTable] = static_cast<std::uint32_t>(plan.tiles.size() - 1);
+  HostPlanTables cramped(short_of_tiles);
+  compile_sequential_tables(c.view(), shape, cramped.view());
+  EXPECT_EQ(cramped.view().header.overflow, static_cast<std::uint32_t>(kTilesTable + 1));
+  try {
+    StepPlan lost;
+    copy_plan_tables(cramped.view(), lost);
+    FAIL() << "an overflowed plan was copied";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Internal);
+    EXPECT_NE(std::string(e.what()).find("tiles"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(checked_capacity({1, 1, std::int64_t{1} << 32, 1, 1, 1, 1}), Error);
+}
+
+TEST(PlanTables, TokenTablesFollowThePermutedOrder) {
+  const EpWorld w = tilemoe::testing::make_world({30, 11, 0}, 16, 24, 6, 3);
+  const auto step = tilemoe::testing::make_case(w, RoutingPattern::Skewed, 7);
+  const std::vector<StepPlan> plans = compile_plan(Strategy::Sequential, w, step.routing, PlanOptions{});
+  const HostStepCounts c = routing_counts(step.routing, 6);
+  for (int r = 0; r < 3; ++r) {
+    const StepPlan& p = plans[static_cast<std::size_t>(r)];
+    const Routing& routing = step.routing[static_cast<std::size_t>(r)];
+    for (int x = 0; x < 6; ++x) {
+      for (int row = c.view().offset_of(r, x) + 1; row < c.view().offset_of(r, x + 1); ++row) {
+        EXPECT_LT(p.gather_rows[static_cast<std::size_t>(row - 1)], p.gather_rows[static_cast<std::size_t>(row)]) << "tokens ascending";
+      }
+    }
+    for (std::size_t s = 0; s < routing.expert.size(); ++s) {
+      const std::int64_t row = p.combine_source_row[s];
+      if (!routing.kept[s]) {
+        EXPECT_EQ(row, -1);
+        continue;
+      }
+      EXPECT_EQ(p.gather_rows[static_cast<std::size_t>(row)], static_cast<std::int64_t>(s) / routing.top_k);
+      EXPECT_GE(row, c.view().offset_of(r, routing.expert[s]));
+      EXPECT_LT(row, c.view().offset_of(r, routing.expert[s] + 1));
+    }
+  }
+}
+
+TEST(PlanTables, TheFirstDifferenceIsNamed) {
+  const EpWorld w = tilemoe::testing::make_world({9, 9}, 16, 24, 4, 2);
+  const auto step = tilemoe::testing::make_case(w, RoutingPattern::Balanced, 3);
+  std::vector<StepPlan> plans = compile_plan(Strategy::Sequential, w, step.routing, PlanOptions{});
+  StepPlan changed = plans[1];
+  ASSERT_GE(changed.tiles.size(), 3u);
+  changed.tiles[2].row_end -= 1;
+  EXPECT_EQ(first_table_difference(plans[1], changed), "tiles[2]: row_end " + std::to_string(plans[1].tiles[2].row_end) + " / " +
+                                                           std::to_string(changed.tiles[2].row_end));
+  changed = plans[1];
+  changed.comm_queue.pop_back();
+  EXPECT_NE(first_table_difference(plans[1], changed).find("comm queue"), std::string::npos);
+  EXPECT_NE(first_table_difference(plans[0], plans[1]), "") << "two ranks' plans differ";
+}
