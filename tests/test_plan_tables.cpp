@@ -121,3 +121,24 @@ TEST(PlanTables, TheFirstDifferenceIsNamed) {
   EXPECT_NE(first_table_difference(plans[1], changed).find("comm queue"), std::string::npos);
   EXPECT_NE(first_table_difference(plans[0], plans[1]), "") << "two ranks' plans differ";
 }
+
+TEST(PlanTables, LanesInAnyOrderWriteTheOnePlan) {
+  // the GPU's CTA runs the compiler a lane per thread, in no particular order: lanes run one after
+  // the other in a shuffled order here must give the plan of one lane
+  const EpWorld w = tilemoe::testing::make_world({40, 23, 31}, 16, 40, 6, 2);
+  const auto step = tilemoe::testing::make_case(w, RoutingPattern::Skewed, 5);
+  const HostStepCounts c = routing_counts(step.routing, 6);
+  for (int rank = 0; rank < 3; ++rank) {
+    const SequentialShape shape = shape_of(rank, 40, 16, 40, 3, 7);
+    const PlanCapacity room = sequential_capacity(3, 2, c.view().expert_rows(rank), shape.tokens, shape);
+    HostPlanTables one(room), lanes(room);
+    compile_sequential_tables(c.view(), shape, one.view());
+    for (int lane : {3, 1, 4, 0, 2}) compile_sequential_tables(c.view(), shape, lanes.view(), lane, 5);
+    StepPlan a, b;
+    a.rank = b.rank = rank;
+    copy_plan_tables(one.view(), a);
+    copy_plan_tables(lanes.view(), b);
+    EXPECT_GT(a.tiles.size(), 5u);
+    EXPECT_EQ(first_table_difference(a, b), "") << "rank " << rank;
+  }
+}

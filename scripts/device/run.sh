@@ -9,7 +9,7 @@ export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of th
 out=${OUT:?OUT must name the results folder}
 bin=${TILEMOE_DEVICE_BIN:-build/device-bin}
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(gemm planned stress stress-skip stress-dynamic layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost ts-bench cli-ts torch)
+[ ${#steps[@]} -gt 0 ] || steps=(gemm planned stress stress-skip stress-dynamic layer ep cli cli-ep nccl cli-bench memcheck racecheck planned-sanitize ep-memcheck ep-racecheck bench ep-bench signal-cost plan-compile ts-bench cli-ts torch)
 # cuBLAS comes with the toolkit; make sure the loader finds it
 export LD_LIBRARY_PATH="/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$out/log.txt"
@@ -187,6 +187,7 @@ for step in "${steps[@]}"; do
       run_step ep-bench-partitions "$bin/ep_exchange_bench" --quick --sms-per-rank 32 --json "$out/ep_bench_partitions.json" ;;
     ts-bench) run_step ts-bench "$bin/tile_signal_bench" --json "$out/ts_bench.json" --trace "$traces/tile_signal_trace" ;;
     signal-cost) run_step signal-cost "$bin/signal_cost_bench" --json "$out/signal_cost.json" ;;
+    plan-compile) run_step plan-compile "$bin/device_plan_bench" ;;  # the sequential plan compiled on the GPU, timed
     ts-bench-cases)  # chosen cases of ts-bench: TS_CASES="deepseek-v3:4096 deepseek-v3:16384:8" (NAME:TOKENS[:RANKS])
       case_args=()
       for c in ${TS_CASES:?ts-bench-cases needs TS_CASES}; do case_args+=(--case "$c"); done

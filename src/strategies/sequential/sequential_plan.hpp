@@ -39,69 +39,114 @@ inline PlanCapacity sequential_capacity(int world, int local_experts, std::int64
   return checked_capacity({local_experts, 2LL * world + 2, tiles, segments, combines, tiles + combines, segments});
 }
 
-TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, const SequentialShape& s, PlanTables& out) {
+// What every part of the compiler needs first, cheap to compute (W x L) on each thread: where
+// each phase's shared waits sit, and how many tiles each GEMM has.
+struct SequentialSummary {
+  std::uint32_t dispatch_waits = 0;   // waits [0, dispatch_waits): one per sender
+  std::int64_t layer_tiles[2] = {0, 0};
+  std::uint32_t layer_wait[2] = {0, 0};  // the wait for all of GEMM0 / GEMM1 (if it has tiles)
+  std::uint32_t combine_waits = 0;    // waits [combine_wait_begin, +combine_waits): one per expert rank
+  std::uint32_t combine_wait_begin = 0;
+  std::int64_t column_tiles[2] = {0, 0};
+};
+
+TILEMOE_HOST_DEVICE inline SequentialSummary summarize_sequential(const StepCounts& c, const SequentialShape& s) {
   const int W = c.world, L = c.local_experts, r = s.rank;
+  SequentialSummary m;
+  for (int p = 0; p < W; ++p) m.dispatch_waits += c.groups_from(p, r) > 0 ? 1u : 0u;
+  m.column_tiles[0] = ceil_div64(s.ffn_hidden, s.tile_n);
+  m.column_tiles[1] = ceil_div64(s.hidden, s.tile_n);
+  for (int e = 0; e < L; ++e) {
+    const std::int64_t bands = ceil_div64(c.local_rows(r, e), s.tile_m);
+    m.layer_tiles[0] += bands * m.column_tiles[0];
+    m.layer_tiles[1] += bands * m.column_tiles[1];
+  }
+  std::uint32_t at = m.dispatch_waits;
+  for (int layer = 0; layer < 2; ++layer) {
+    m.layer_wait[layer] = at;
+    at += m.layer_tiles[layer] > 0 ? 1u : 0u;
+  }
+  m.combine_wait_begin = at;
+  for (int d = 0; d < W; ++d) m.combine_waits += c.groups_from(r, d) > 0 ? 1u : 0u;
+  return m;
+}
+
+// GEMM tile `i` of the plan: GEMM0's tiles, then GEMM1's; inside a GEMM each expert's row bands,
+// each band's column tiles. GEMM0 waits for the whole dispatch, GEMM1 for all of GEMM0.
+TILEMOE_HOST_DEVICE inline GemmTile sequential_tile(const StepCounts& c, const SequentialShape& s, const SequentialSummary& m,
+                                                    std::int64_t i) {
+  const int W = c.world, r = s.rank;
+  const int layer = i < m.layer_tiles[0] ? 0 : 1;
+  std::int64_t t = layer == 0 ? i : i - m.layer_tiles[0];
+  const std::int64_t col_tiles = m.column_tiles[layer];
+  int e = 0;
+  for (; e < c.local_experts - 1; ++e) {
+    const std::int64_t n = ceil_div64(c.local_rows(r, e), s.tile_m) * col_tiles;
+    if (t < n) break;
+    t -= n;
+  }
+  const std::int64_t cols = layer == 0 ? s.ffn_hidden : s.hidden;
+  const std::int64_t row = c.expert_row(r, e) + (t / col_tiles) * s.tile_m, col = (t % col_tiles) * s.tile_n;
+  GemmTile tile;
+  tile.layer = static_cast<std::uint8_t>(layer);
+  tile.expert = e;
+  tile.row_begin = row;
+  tile.row_end = row + s.tile_m < c.expert_row(r, e + 1) ? row + s.tile_m : c.expert_row(r, e + 1);
+  tile.col_begin = col;
+  tile.col_end = col + s.tile_n < cols ? col + s.tile_n : cols;
+  tile.signal_flag = W + layer;
+  tile.wait_begin = layer == 0 ? 0u : m.layer_wait[0];
+  tile.wait_count = layer == 0 ? m.dispatch_waits : 1u;
+  return tile;
+}
+
+// Lane `lane` of `lanes` (one CTA's threads on the device; 0 of 1 on the host) writes GEMM tiles
+// lane, lane + lanes, ... and their compute-queue entries; lane 0 writes everything else and the
+// tables' counts, into its own copy of `out` (on the device, lane 0 copies it back).
+TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, const SequentialShape& s, PlanTables& out, int lane = 0,
+                                                          int lanes = 1) {
+  const int W = c.world, L = c.local_experts, r = s.rank;
+  const SequentialSummary m = summarize_sequential(c, s);
+  const std::int64_t tiles = m.layer_tiles[0] + m.layer_tiles[1];
+  for (std::int64_t i = lane; i < tiles; i += lanes) {
+    const GemmTile tile = sequential_tile(c, s, m, i);
+    if (i < out.tiles.capacity) out.tiles.data[i] = tile;
+    if (i < out.compute_queue.capacity) out.compute_queue.data[i] = TaskRef{TaskKind::Gemm, static_cast<std::uint32_t>(i)};
+  }
+  if (lane != 0) return;
+
   clear_plan(out);
   PlanHeader& h = out.header;
   h.expert_rows = c.expert_rows(r);
   h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = sequential_flag_count(W);
+  // the tiles the lanes wrote
+  if (tiles > out.tiles.capacity) {
+    h.overflow = kTilesTable + 1;
+  } else if (tiles > out.compute_queue.capacity) {
+    h.overflow = kComputeQueueTable + 1;
+  } else {
+    out.tiles.count = out.compute_queue.count = static_cast<std::uint32_t>(tiles);
+  }
 
   for (int e = 0; e < L; ++e) {
     plan_push(out.experts, LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)}, h, kExpertsTable);
   }
-
-  // the waits, shared by every task of a phase
-  const std::uint32_t dispatch_waits = out.waits.count;
+  // the waits, shared by every task of a phase, where the summary says
   for (int p = 0; p < W; ++p) {
     const int groups = c.groups_from(p, r);
     if (groups > 0) plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(p), static_cast<std::uint32_t>(groups), p}, h, kWaitsTable);
   }
-  const std::uint32_t dispatch_wait_count = out.waits.count - dispatch_waits;
-  std::int64_t layer_tiles[2] = {0, 0};
-  for (int e = 0; e < L; ++e) {
-    const std::int64_t bands = ceil_div64(c.local_rows(r, e), s.tile_m);
-    layer_tiles[0] += bands * ceil_div64(s.ffn_hidden, s.tile_n);
-    layer_tiles[1] += bands * ceil_div64(s.hidden, s.tile_n);
-  }
-  std::uint32_t layer_wait[2] = {0, 0};
   for (int layer = 0; layer < 2; ++layer) {
-    layer_wait[layer] = out.waits.count;
-    if (layer_tiles[layer] > 0) {
-      plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(W + layer), static_cast<std::uint32_t>(layer_tiles[layer]), r}, h,
+    if (m.layer_tiles[layer] > 0) {
+      plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(W + layer), static_cast<std::uint32_t>(m.layer_tiles[layer]), r}, h,
                 kWaitsTable);
     }
   }
-  const std::uint32_t combine_waits = out.waits.count;
   for (int d = 0; d < W; ++d) {
     const int groups = c.groups_from(r, d);
     if (groups > 0) {
       plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(W + 2 + d), static_cast<std::uint32_t>(groups), d}, h, kWaitsTable);
-    }
-  }
-  const std::uint32_t combine_wait_count = out.waits.count - combine_waits;
-
-  // GEMM0 after the whole dispatch, GEMM1 after the whole GEMM0: each expert's row bands, each
-  // band's column tiles
-  for (int layer = 0; layer < 2; ++layer) {
-    const std::int64_t cols = layer == 0 ? s.ffn_hidden : s.hidden;
-    GemmTile tile;
-    tile.layer = static_cast<std::uint8_t>(layer);
-    tile.signal_flag = W + layer;
-    tile.wait_begin = layer == 0 ? dispatch_waits : layer_wait[0];
-    tile.wait_count = layer == 0 ? dispatch_wait_count : (layer_tiles[0] > 0 ? 1u : 0u);
-    for (int e = 0; e < L; ++e) {
-      tile.expert = e;
-      for (std::int64_t row = c.expert_row(r, e); row < c.expert_row(r, e + 1); row += s.tile_m) {
-        tile.row_begin = row;
-        tile.row_end = row + s.tile_m < c.expert_row(r, e + 1) ? row + s.tile_m : c.expert_row(r, e + 1);
-        for (std::int64_t col = 0; col < cols; col += s.tile_n) {
-          tile.col_begin = col;
-          tile.col_end = col + s.tile_n < cols ? col + s.tile_n : cols;
-          const std::uint32_t index = plan_push(out.tiles, tile, h, kTilesTable);
-          plan_push(out.compute_queue, TaskRef{TaskKind::Gemm, index}, h, kComputeQueueTable);
-        }
-      }
     }
   }
 
@@ -112,8 +157,8 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
     task.token_end = token + s.combine_tokens < s.tokens ? token + s.combine_tokens : s.tokens;
     task.col_begin = 0;
     task.col_end = s.hidden;
-    task.wait_begin = combine_waits;
-    task.wait_count = combine_wait_count;
+    task.wait_begin = m.combine_wait_begin;
+    task.wait_count = m.combine_waits;
     const std::uint32_t index = plan_push(out.combines, task, h, kCombinesTable);
     plan_push(out.compute_queue, TaskRef{TaskKind::Combine, index}, h, kComputeQueueTable);
   }
@@ -154,7 +199,7 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
       segment.dst_row = c.offset_of(q, r * L + e);
       segment.col_begin = 0;
       segment.col_end = s.hidden;
-      segment.wait_begin = layer_wait[1];
+      segment.wait_begin = m.layer_wait[1];
       segment.wait_count = 1;
       segment.dest_flag = W + 2 + r;
       const std::uint32_t index = plan_push(out.segments, segment, h, kSegmentsTable);
