@@ -7,7 +7,9 @@
 
 #include "plan/plan_tables.hpp"
 #include "step_fixture.hpp"
+#include "plan/tile_table.hpp"
 #include "strategies/sequential/sequential_plan.hpp"
+#include "strategies/strategies.hpp"
 #include "tilemoe/error.hpp"
 
 using namespace tilemoe;
@@ -16,17 +18,20 @@ using namespace tilemoe::plan_detail;
 namespace {
 
 SequentialShape shape_of(int rank, std::int64_t tokens, std::int64_t hidden, std::int64_t ffn, std::int64_t tile_m,
-                         std::int64_t tile_n) {
+                         std::int64_t tile_n, cuda::PlannedCluster cluster = cuda::PlannedCluster::None) {
   SequentialShape s;
   s.rank = rank;
   s.tokens = tokens;
   s.hidden = hidden;
   s.ffn_hidden = ffn;
   s.tile_m = tile_m;
-  s.tile_n = tile_n;
+  s.tile_n[0] = s.tile_n[1] = tile_n;
+  s.cluster = cluster;
   s.combine_tokens = 5;
   return s;
 }
+
+constexpr cuda::PlannedCluster kOrders[] = {cuda::PlannedCluster::None, cuda::PlannedCluster::N2, cuda::PlannedCluster::M2};
 
 }  // namespace
 
@@ -46,39 +51,99 @@ TEST(PlanTables, RandomCountsCompileToValidPlansWithinTheirRoom) {
     const std::vector<StepPlan> plans = compile_plan(Strategy::Sequential, w, step.routing, o);
     ASSERT_NO_THROW(validate_plan(plans)) << "trial " << trial;
     for (const StepPlan& p : plans) EXPECT_EQ(first_table_difference(p, p), "");
+    // the GPU's orders: cluster mates adjacent, padding mates, bands in blocks (even sizes)
+    SequentialShape tiling = shape_of(0, 0, 0, 0, o.tile_m, o.tile_n, kOrders[trial % 3]);
+    tiling.tile_n[0] = 1 + static_cast<std::int64_t>(rng() % 20);
+    tiling.band_block[0] = 2 * static_cast<int>(rng() % 3);
+    tiling.band_block[1] = 2 * static_cast<int>(rng() % 3);
+    ASSERT_NO_THROW(validate_plan(compile_sequential_at(w, step.routing, o, tiling))) << "trial " << trial;
   }
 }
 
 TEST(PlanTables, TheRoomIsTheBoundAndAnOverflowIsNamed) {
-  // every expert's rows one past a multiple of the tile: the most bands the bound allows
+  // every expert's rows one past a multiple of the tile (the most bands the bound allows; a
+  // 2x1 cluster pads them to pairs), and an odd number of GEMM1 column tiles (padded on 1x2)
   const int world = 2, local = 3, experts = world * local;
   const std::int64_t tile_m = 4, tile_n = 8, hidden = 20, ffn = 12;
   std::vector<int> counts(static_cast<std::size_t>(world * experts));
   for (std::size_t i = 0; i < counts.size(); ++i) counts[i] = static_cast<int>(i % 2 == 0 ? 5 : 0);  // 5 = 4 + 1
   const HostStepCounts c(counts, world, experts);
-  const SequentialShape shape = shape_of(0, 17, hidden, ffn, tile_m, tile_n);
-  const PlanCapacity room = sequential_capacity(world, local, c.view().expert_rows(0), shape.tokens, shape);
-  HostPlanTables fits(room);
-  compile_sequential_tables(c.view(), shape, fits.view());
-  EXPECT_EQ(fits.view().header.overflow, 0u);
-  StepPlan plan;
-  ASSERT_NO_THROW(copy_plan_tables(fits.view(), plan));
-  EXPECT_FALSE(plan.tiles.empty());
+  for (const cuda::PlannedCluster order : kOrders) {
+    SCOPED_TRACE("order " + std::to_string(static_cast<int>(order)));
+    const SequentialShape shape = shape_of(0, 17, hidden, ffn, tile_m, tile_n, order);
+    const PlanCapacity room = sequential_capacity(world, local, c.view().expert_rows(0), shape.tokens, shape);
+    HostPlanTables fits(room);
+    compile_sequential_tables(c.view(), shape, fits.view());
+    EXPECT_EQ(fits.view().header.overflow, 0u);
+    StepPlan plan;
+    ASSERT_NO_THROW(copy_plan_tables(fits.view(), plan));
+    EXPECT_FALSE(plan.tiles.empty());
 
-  PlanCapacity short_of_tiles = room;
-  short_of_tiles.entries[kTilesTable] = static_cast<std::uint32_t>(plan.tiles.size() - 1);
-  HostPlanTables cramped(short_of_tiles);
-  compile_sequential_tables(c.view(), shape, cramped.view());
-  EXPECT_EQ(cramped.view().header.overflow, static_cast<std::uint32_t>(kTilesTable + 1));
-  try {
-    StepPlan lost;
-    copy_plan_tables(cramped.view(), lost);
-    FAIL() << "an overflowed plan was copied";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Internal);
-    EXPECT_NE(std::string(e.what()).find("tiles"), std::string::npos) << e.what();
+    PlanCapacity short_of_tiles = room;
+    short_of_tiles.entries[kTilesTable] = static_cast<std::uint32_t>(plan.tiles.size() - 1);
+    HostPlanTables cramped(short_of_tiles);
+    compile_sequential_tables(c.view(), shape, cramped.view());
+    EXPECT_EQ(cramped.view().header.overflow, static_cast<std::uint32_t>(kTilesTable + 1));
+    try {
+      StepPlan lost;
+      copy_plan_tables(cramped.view(), lost);
+      FAIL() << "an overflowed plan was copied";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Internal);
+      EXPECT_NE(std::string(e.what()).find("tiles"), std::string::npos) << e.what();
+    }
   }
   EXPECT_THROW(checked_capacity({1, 1, std::int64_t{1} << 32, 1, 1, 1, 1}), Error);
+}
+
+TEST(PlanTables, TheGpuShapedTilesAreThePlannedGemmsTable) {
+  // The GPU's GEMMs walk the plan's tiles: at the GPU's tiling they must be, entry for entry, the
+  // sequential table that build_tile_table decodes from the local experts' row offsets (the table
+  // the planned GEMM ran before it read plans), padding mates included. GEMM0's tiles are half
+  // as wide in output columns as in GEMM columns (SwiGLU's gate/up pairs).
+  std::mt19937 rng(6122026);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int world = 1 + static_cast<int>(rng() % 4), local = 1 + static_cast<int>(rng() % 5);
+    const int experts = world * local;
+    std::vector<int> counts(static_cast<std::size_t>(world * experts));
+    for (int& n : counts) n = rng() % 4 == 0 ? 0 : static_cast<int>(rng() % 30);
+    const HostStepCounts c(counts, world, experts);
+    const int gemm_tile_n = 8, tile_m = 4;
+    SequentialShape shape = shape_of(0, 10, 8 * (1 + static_cast<std::int64_t>(rng() % 5)), 4 * (1 + static_cast<std::int64_t>(rng() % 9)),
+                                     tile_m, gemm_tile_n, trial % 2 ? cuda::PlannedCluster::N2 : cuda::PlannedCluster::M2);
+    shape.tile_n[0] = gemm_tile_n / 2;
+    shape.band_block[0] = 2 * static_cast<int>(rng() % 3);
+    for (int rank = 0; rank < world; ++rank) {
+      shape.rank = rank;
+      HostPlanTables tables(sequential_capacity(world, local, c.view().expert_rows(rank), shape.tokens, shape));
+      compile_sequential_tables(c.view(), shape, tables.view());
+      StepPlan plan;
+      copy_plan_tables(tables.view(), plan);
+      std::vector<int> row_offset;
+      for (int e = 0; e <= local; ++e) row_offset.push_back(c.view().expert_row(rank, e));
+      std::size_t at = 0;
+      for (int layer = 0; layer < 2; ++layer) {
+        const std::int64_t gemm_cols = layer == 0 ? 2 * shape.ffn_hidden : shape.hidden;
+        const std::vector<cuda::GemmTileEntry> table =
+            cuda::build_tile_table(row_offset, static_cast<int>(gemm_cols), shape.cluster, cuda::TileFlags::None,
+                                   shape.band_block[layer], tile_m, gemm_tile_n);
+        ASSERT_EQ(tables.view().header.layer_tiles[layer], table.size()) << "trial " << trial << " rank " << rank << " layer " << layer;
+        for (std::size_t i = 0; i < table.size(); ++i, ++at) {
+          const GemmTile& t = plan.tiles[at];
+          const cuda::GemmTileEntry& e = table[i];
+          SCOPED_TRACE("trial " + std::to_string(trial) + " rank " + std::to_string(rank) + " layer " + std::to_string(layer) +
+                       " entry " + std::to_string(i));
+          ASSERT_EQ(t.layer, layer);
+          ASSERT_EQ(t.expert, e.group);
+          ASSERT_EQ(t.row_begin, e.row_begin);
+          ASSERT_EQ(t.row_end - t.row_begin, e.rows);
+          ASSERT_EQ(t.col_begin, e.col_tile * shape.tile_n[layer]);
+          ASSERT_EQ(t.signal_flag, e.rows > 0 ? world + layer : kNoFlag);
+        }
+      }
+      EXPECT_EQ(at, plan.tiles.size());
+    }
+  }
 }
 
 TEST(PlanTables, TokenTablesFollowThePermutedOrder) {

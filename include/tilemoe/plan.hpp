@@ -159,6 +159,9 @@ struct PlanHeader {
   std::int64_t expert_rows = 0;
   std::int64_t combine_rows = 0;
   std::uint32_t flag_count = 0;
+  // The tiles table holds GEMM0's tiles [0, layer_tiles[0]), then GEMM1's: each GEMM's in the
+  // order a GPU GEMM runs them (cluster mates adjacent), so that each GEMM walks its own range.
+  std::uint32_t layer_tiles[2] = {0, 0};
   // 0, or 1 + the index of the first table that lacked room (see plan_table_name): the plan is
   // incomplete and must not run.
   std::uint32_t overflow = 0;

@@ -14,7 +14,9 @@ constexpr int kPlannedTileN = 256;
 
 // The planned GEMM's clusters: pairs of CTAs that share one operand by TMA multicast.
 enum class PlannedCluster { M2,  // 2x1: mates share B, take M-adjacent tiles (many rows per expert)
-                            N2 };  // 1x2: mates share A, take N-adjacent tiles
+                            N2,  // 1x2: mates share A, take N-adjacent tiles
+                            None };  // no mates: the tile order of N2 without its padding (the CPU
+                                     // engine's plans; the planned GEMM itself runs on pairs only)
 
 // Which flags a tile table's entries raise: none, one per entry, or one per row band (all the
 // band's column tiles count into it).

@@ -65,6 +65,13 @@ void copy_plan_tables(const PlanTables& tables, StepPlan& plan) {
                    std::string(plan_table_name(static_cast<int>(tables.header.overflow) - 1)) +
                    " table: the strategy's capacity is too small");
   }
+  const std::uint32_t gemm0 = tables.header.layer_tiles[0];
+  bool layered = gemm0 + tables.header.layer_tiles[1] == tables.tiles.count;
+  for (std::uint32_t i = 0; layered && i < tables.tiles.count; ++i) layered = tables.tiles.data[i].layer == (i < gemm0 ? 0 : 1);
+  if (!layered) {
+    throw_internal("the plan of rank " + std::to_string(plan.rank) + " does not hold GEMM0's " + std::to_string(gemm0) +
+                   " tiles and then GEMM1's " + std::to_string(tables.header.layer_tiles[1]) + " as its header says");
+  }
   plan.expert_rows = tables.header.expert_rows;
   plan.combine_rows = tables.header.combine_rows;
   plan.flag_count = tables.header.flag_count;

@@ -32,7 +32,9 @@ TILEMOE_HOST_DEVICE inline GroupTiles group_tiles(int rows, int n_tiles, Planned
   GroupTiles t;
   if (rows <= 0) return t;
   t.m_tiles = tile_ceil_div(rows, tile_m);
-  t.entries = cluster == PlannedCluster::M2 ? 2 * tile_ceil_div(t.m_tiles, 2) * n_tiles : t.m_tiles * 2 * tile_ceil_div(n_tiles, 2);
+  t.entries = cluster == PlannedCluster::M2   ? 2 * tile_ceil_div(t.m_tiles, 2) * n_tiles
+              : cluster == PlannedCluster::N2 ? t.m_tiles * 2 * tile_ceil_div(n_tiles, 2)
+                                              : t.m_tiles * n_tiles;
   return t;
 }
 
@@ -43,7 +45,10 @@ TILEMOE_HOST_DEVICE inline GemmTileEntry decode_block_entry(int g, int begin, in
   const int pair = local / 2, mate = local % 2;
   int m = 0, n = 0;
   bool real = true;
-  if (cluster == PlannedCluster::M2) {
+  if (cluster == PlannedCluster::None) {
+    m = local % t.m_tiles;
+    n = local / t.m_tiles;
+  } else if (cluster == PlannedCluster::M2) {
     const int m_pairs = tile_ceil_div(t.m_tiles, 2);
     n = pair / m_pairs;
     m = 2 * (pair % m_pairs) + mate;

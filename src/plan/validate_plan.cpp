@@ -155,7 +155,10 @@ class PlanChecker {
       if (t.layer > 1) reject(who + ": layer " + std::to_string(t.layer));
       if (t.expert < 0 || t.expert >= static_cast<std::int32_t>(p.experts.size())) reject(who + ": no such local expert");
       const LocalExpert& x = p.experts[static_cast<std::size_t>(t.expert)];
-      if (t.row_begin < x.row_begin || t.row_end > x.row_end || t.row_begin >= t.row_end) reject(who + ": rows outside its expert's " + std::to_string(x.row_begin) + ".." + std::to_string(x.row_end));
+      if (t.row_begin < x.row_begin || t.row_end > x.row_end || t.row_begin > t.row_end) reject(who + ": rows outside its expert's " + std::to_string(x.row_begin) + ".." + std::to_string(x.row_end));
+      // a tile of no rows is a cluster mate's padding (the GPU runs tiles in pairs): it computes
+      // nothing, so it must not tell anyone it has
+      if (t.row_begin == t.row_end && t.signal_flag != kNoFlag) reject(who + ": has no rows but raises flag " + std::to_string(t.signal_flag));
       const std::int64_t cols = t.layer == 0 ? p.ffn_hidden : p.hidden;
       if (t.col_begin < 0 || t.col_end > cols || t.col_begin >= t.col_end) reject(who + ": columns outside 0.." + std::to_string(cols));
       if (t.signal_flag != kNoFlag && (t.signal_flag < 0 || static_cast<std::uint32_t>(t.signal_flag) >= p.flag_count)) reject(who + ": raises flag " + std::to_string(t.signal_flag) + " of " + std::to_string(p.flag_count));

@@ -8,6 +8,11 @@ namespace tilemoe::plan_detail {
 
 std::vector<StepPlan> compile_sequential(const EpWorld& world, const std::vector<Routing>& routing,
                                          const PlanOptions& options);
+// The sequential plans at another tiling than the options' (the GPU's: gpu_plan_shape.hpp):
+// `tiling`'s tile shape, order and combine tasks; its rank and layer fields are set per rank.
+struct SequentialShape;
+std::vector<StepPlan> compile_sequential_at(const EpWorld& world, const std::vector<Routing>& routing, const PlanOptions& options,
+                                            const SequentialShape& tiling);
 std::vector<StepPlan> compile_tile_signal(const EpWorld& world, const std::vector<Routing>& routing,
                                           const PlanOptions& options);
 std::vector<StepPlan> compile_comet(const EpWorld& world, const std::vector<Routing>& routing,

@@ -291,6 +291,7 @@ class StepRunner {
     const BufferId in = t.layer == 0 ? BufferId::ExpertIn : BufferId::Activation;
     const BufferId out = t.layer == 0 ? BufferId::Activation : BufferId::ExpertOut;
     const std::int64_t depth = p.buffer_cols(in), width = t.col_end - t.col_begin, rows = t.row_end - t.row_begin;
+    if (rows == 0) return;  // a cluster mate's padding: nothing to compute
     scratch.resize(static_cast<std::size_t>(rows * (depth + width)));
     float* a = scratch.data();
     float* c = a + rows * depth;

@@ -20,6 +20,7 @@ namespace {
 std::unique_ptr<detail::PlannedGemmBackend> make_backend(PlannedCluster cluster, PlannedEpilogue epilogue,
                                                          int max_groups, int device, int sm_limit) {
   using namespace detail;
+  if (cluster == PlannedCluster::None) throw_bad_input("the planned GEMM runs on clusters of two CTAs only (c2x1 or c1x2)");
   if (cluster == PlannedCluster::M2) {
     switch (epilogue) {
       case PlannedEpilogue::Store: return make_planned_gemm_c2x1_store(max_groups, device, sm_limit);

@@ -88,7 +88,9 @@ int n_tiles_of(int N) { return tile_ceil_div(N, kPlannedTileN); }
 
 }  // namespace
 
-const char* planned_cluster_name(PlannedCluster cluster) { return cluster == PlannedCluster::M2 ? "c2x1" : "c1x2"; }
+const char* planned_cluster_name(PlannedCluster cluster) {
+  return cluster == PlannedCluster::M2 ? "c2x1" : cluster == PlannedCluster::N2 ? "c1x2" : "none";
+}
 
 std::int64_t max_tile_entries(std::int64_t rows, int groups, int N, PlannedCluster cluster) {
   (void)cluster;  // the bound below holds for both clusters
