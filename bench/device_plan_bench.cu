@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "moe_cases.hpp"
-#include "plan/gpu_tables.hpp"
 #include "plan/plan_tables.hpp"
 #include "strategies/sequential/device_compiler.hpp"
+#include "strategies/sequential/gpu_plan_shape.hpp"
+#include "strategies/strategies.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/synthetic.hpp"
@@ -34,14 +35,7 @@ int main(int argc, char** argv) {
       int max_rows = 0;
       for (int d = 0; d < W; ++d) max_rows = std::max(max_rows, counts.view().expert_rows(d));
 
-      plan_detail::SequentialShape shape;
-      shape.rank = 0;
-      shape.tokens = world.tokens_per_rank[0];
-      shape.hidden = world.layer.hidden;
-      shape.ffn_hidden = world.layer.ffn_hidden;
-      shape.tile_m = cuda::kPlannedTileM;
-      shape.tile_n = cuda::kPlannedTileN;
-      shape.combine_tokens = PlanOptions{}.combine_tokens;
+      const plan_detail::SequentialShape shape = plan_detail::gpu_sequential_shape(world.layer, 0, world.tokens_per_rank[0]);
       const plan_detail::PlanCapacity room = plan_detail::sequential_capacity(W, L, max_rows, shape.tokens, shape);
       cuda::DevicePlanTables tables(room, W, E);
       cuda::DeviceArray<int> device_counts(counts.counts().data(), counts.counts().size());
@@ -67,10 +61,7 @@ int main(int argc, char** argv) {
       StepPlan device_plan;
       device_plan.rank = 0;
       tables.download(stream, [&](const char*) { TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream)); }, device_plan);
-      PlanOptions o;
-      o.tile_m = shape.tile_m;
-      o.tile_n = shape.tile_n;
-      const StepPlan host_plan = compile_plan(Strategy::Sequential, world, routing, o)[0];
+      const StepPlan host_plan = plan_detail::compile_sequential_at(world, routing, PlanOptions{}, shape)[0];
       const std::string difference = plan_detail::first_table_difference(device_plan, host_plan);
       if (!difference.empty()) ++failures;
       std::printf("%-22s %d ranks: %6zu tiles %5zu segments %4zu combines: %8.1f us per compile on one thread, %7.1f us on 256; %s\n",

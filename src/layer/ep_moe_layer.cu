@@ -19,6 +19,7 @@
 #include "strategies/tile_signal/gpu_schedule.hpp"
 #include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/exchange_setup.hpp"
+#include "strategies/sequential/gpu_plan_shape.hpp"
 #include "strategies/tile_signal/gpu_setup.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/error.hpp"
@@ -93,20 +94,14 @@ struct EpMoeLayer::Impl : LayerRouting {
   std::string split_note;          // how the split was chosen, for description()
   EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
   int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the flag the corrupted band waits for
-  // harness.build_device_plan: the last step's plan, compiled on the device, and its tokens
+  // The step's plan, compiled on the device from the exchanged counts: the sequential strategy's
+  // (its GEMMs walk it on the planned path; harness.build_device_plan builds it on the stock path
+  // too), and the tokens of the step that compiled it.
   std::unique_ptr<DevicePlanTables> device_plan;
+  bool ffn_walks_plan = false;
   int device_plan_tokens = 0;
-  // The shape of the device-built plan: the planned GEMM's tiles, the CPU engine's combine tasks.
   plan_detail::SequentialShape device_plan_shape(std::int64_t tokens) const {
-    plan_detail::SequentialShape shape;
-    shape.rank = rank;
-    shape.tokens = tokens;
-    shape.hidden = config.hidden;
-    shape.ffn_hidden = config.ffn_hidden;
-    shape.tile_m = kPlannedTileM;
-    shape.tile_n = kPlannedTileN;
-    shape.combine_tokens = PlanOptions{}.combine_tokens;
-    return shape;
+    return plan_detail::gpu_sequential_shape(config, rank, tokens);
   }
   // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
   DeviceArray<unsigned long long> tile_times, segment_times;
@@ -175,11 +170,18 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
     f.add(std::max(receive_room, slot_room) * H, sizeof(__nv_bfloat16));  // staging
   }
   if (!remote_peers) f.add(receive_room * H, sizeof(__nv_bfloat16));  // y
-  f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
   const bool may_overlap = options.strategy == Strategy::TileSignal || options.strategy == Strategy::Auto;
+  // the sequential strategy's GEMMs walk the device-built plan; tile_signal's, tables of the FFN's own
+  const bool may_walk_plan = options.gemm == GemmPath::Planned && options.strategy != Strategy::TileSignal;
+  const bool own_tables = options.gemm != GemmPath::Planned || may_overlap;
+  f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm, own_tables));
+  const plan_detail::PlanCapacity plan_room = plan_detail::sequential_capacity(
+      world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_detail::gpu_sequential_shape(c, 0, c.tokens));
+  if (may_walk_plan) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts)));
   const std::size_t band_room = static_cast<std::size_t>(max_bands(layout.receive_capacity, static_cast<int>(local_experts)));
-  const std::size_t gemm1_capacity = static_cast<std::size_t>(std::max<std::int64_t>(
+  std::size_t gemm1_capacity = static_cast<std::size_t>(std::max<std::int64_t>(
       max_tile_entries(layout.receive_capacity, static_cast<int>(local_experts), static_cast<int>(c.hidden), PlannedCluster::N2), 1));
+  if (may_walk_plan) gemm1_capacity = std::max<std::size_t>(gemm1_capacity, plan_room.entries[plan_detail::kTilesTable]);
   if (may_overlap) {
     f.add(band_room, sizeof(unsigned));            // band_flags
     f.add(band_room, sizeof(TileBand));            // bands
@@ -298,13 +300,15 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     split_chosen_here = split.chosen_by_model;
   }
   agree_on_settings(split_chosen_here);
-  if (h.build_device_plan) {
+  ffn_walks_plan = options.strategy == Strategy::Sequential && o.gemm == GemmPath::Planned;
+  if (ffn_walks_plan || h.build_device_plan) {
     if (options.strategy != Strategy::Sequential) {
       throw_bad_input("the device-built plan exists for the sequential strategy only so far");
     }
     device_plan = std::make_unique<DevicePlanTables>(
         plan_detail::sequential_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
         world, static_cast<int>(E));
+    if (ffn_walks_plan) ffn_options.plan = device_plan->view();
   }
   if (options.strategy == Strategy::TileSignal) {
     if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
@@ -337,7 +341,9 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
   if (o.record_trace) {
     if (o.gemm != GemmPath::Planned) throw_bad_input("device traces need the planned GEMM (its tile times)");
-    tile_times = DeviceArray<unsigned long long>(2 * static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
+    const std::size_t entries = ffn_walks_plan ? device_plan->capacity().entries[plan_detail::kTilesTable]
+                                               : static_cast<std::size_t>(ffn->gemm1_capacity());
+    tile_times = DeviceArray<unsigned long long>(2 * std::max<std::size_t>(entries, 1));
     if (options.strategy == Strategy::TileSignal) segment_times = DeviceArray<unsigned long long>(3 * bands.count());
   }
 }
@@ -721,6 +727,22 @@ EpLayerTables EpMoeLayer::Impl::download_tables(cudaStream_t stream) const {
   int entries = 0, band_total = 0;
   fetch(t.row_offset.data(), local_row_offset.data(), t.row_offset.size());
   fetch(t.block_offset.data(), block_offset.data(), t.block_offset.size());
+  if (ffn_walks_plan) {  // GEMM1's range of the plan's tiles, as table entries
+    StepPlan plan;
+    plan.rank = rank;
+    device_plan->download(own, [&](const char* what) { wait_for_own(what); }, plan);
+    for (const GemmTile& tile : plan.tiles) {
+      if (tile.layer != 1) continue;
+      GemmTileEntry e;
+      e.group = tile.expert;
+      e.row_begin = static_cast<int>(tile.row_begin);
+      e.rows = static_cast<int>(tile.row_end - tile.row_begin);
+      e.col_tile = static_cast<int>(tile.col_begin / kPlannedTileN);
+      e.flag = tile.signal_flag;
+      t.gemm1.push_back(e);
+    }
+    return t;
+  }
   fetch(&entries, ffn->gemm1_count(), 1);
   if (options.strategy == Strategy::TileSignal) fetch(&band_total, band_count.data(), 1);
   wait_for_own("the last step's tables");
@@ -755,7 +777,8 @@ StepPlan EpMoeLayerInspector::last_device_plan(const EpMoeLayer& layer, cudaStre
   plan.activation = m.config.activation;
   plan.dtype = m.config.dtype;
   plan.tile_m = shape.tile_m;
-  plan.tile_n0 = plan.tile_n1 = shape.tile_n;
+  plan.tile_n0 = shape.tile_n[0];
+  plan.tile_n1 = shape.tile_n[1];
   m.device_plan->download(m.own, [&](const char* what) { m.wait_for_own(what); }, plan);
   return plan;
 }

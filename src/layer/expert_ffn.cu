@@ -39,13 +39,18 @@ struct ExpertFfn::Impl {
   bool gelu = false;
   std::int64_t gemm0_n = 0;  // 2 * ffn (gate/up interleaved) for SwiGLU, ffn for GELU
   int checked_rows(std::int64_t rows_bound) const;  // rows_bound within max_rows
-  // One planned GEMM over the local experts: table entries (count at *count) of A's rows times
-  // each expert's B (N x K) into D.
-  PlannedGemmRun planned_run(const GemmTileEntry* table, const int* count, const __nv_bfloat16* A, int a_rows,
-                             const __nv_bfloat16* B, __nv_bfloat16* D, int N, int K) const {
+  // One planned GEMM over the local experts: GEMM `layer`'s entries (the plan's tiles of that
+  // layer, or the FFN's own table) of A's rows times each expert's B (N x K) into D.
+  PlannedGemmRun planned_run(int layer, const __nv_bfloat16* A, int a_rows, const __nv_bfloat16* B, __nv_bfloat16* D, int N,
+                             int K) const {
     PlannedGemmRun r;
-    r.table = table;
-    r.count = count;
+    if (options.plan != nullptr) {
+      r.plan = options.plan;
+      r.plan_layer = layer;
+    } else {
+      r.table = layer == 0 ? table0.data() : table1.data();
+      r.count = table_count.data() + layer;
+    }
     r.A = A;
     r.a_rows = a_rows;
     r.B = B;
@@ -104,6 +109,14 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   // (BENCHMARKS.md, second and fourth cut: Qwen3 16384 GEMM0 1.460 vs 1.517 and 1.338 vs 1.470
   // ms).
   const PlannedCluster cluster = PlannedCluster::N2;
+  m.planned0 = std::make_unique<PlannedGemm>(cluster, m.gelu ? PlannedEpilogue::GELU : PlannedEpilogue::SwiGLU,
+                                             static_cast<int>(experts), device);
+  m.planned1 = std::make_unique<PlannedGemm>(cluster, PlannedEpilogue::Store, static_cast<int>(experts), device,
+                                             options.gemm1_sm_limit);
+  if (options.plan != nullptr) {
+    if (options.gemm1_band_flags || options.gemm1_band_block > 0) throw_internal("an FFN that walks a plan takes its flags and order from it");
+    return;
+  }
   const std::int64_t cap0 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(m.gemm0_n), cluster);
   const std::int64_t cap1 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(H), cluster);
   if (cap0 > INT_MAX || cap1 > INT_MAX) throw_bad_input("the layer is too large for one tile table");
@@ -112,15 +125,12 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   m.table0 = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(cap0));
   m.table1 = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(cap1));
   m.table_count = DeviceArray<int>(2);
-  m.planned0 = std::make_unique<PlannedGemm>(cluster, m.gelu ? PlannedEpilogue::GELU : PlannedEpilogue::SwiGLU,
-                                             static_cast<int>(experts), device);
-  m.planned1 = std::make_unique<PlannedGemm>(cluster, PlannedEpilogue::Store, static_cast<int>(experts), device,
-                                             options.gemm1_sm_limit);
 }
 
 ExpertFfn::~ExpertFfn() = default;
 
-DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path) {
+DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path,
+                                        bool own_tables) {
   const auto H = static_cast<std::size_t>(layer.hidden), F = static_cast<std::size_t>(layer.ffn_hidden);
   const std::size_t gemm0_n = layer.activation == Activation::GELU ? F : 2 * F;
   const auto E = static_cast<std::size_t>(experts);
@@ -136,6 +146,7 @@ DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t exp
     f.add(row_room * gemm0_n, sizeof(__nv_bfloat16));  // h
     return f;
   }
+  if (!own_tables) return f;
   const PlannedCluster cluster = PlannedCluster::N2;
   f.add(static_cast<std::size_t>(max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(gemm0_n), cluster)),
         sizeof(GemmTileEntry));
@@ -197,7 +208,7 @@ std::string ExpertFfn::description() const {
 
 void ExpertFfn::build_tables(cudaStream_t stream, const int* row_offset) {
   Impl& m = *impl_;
-  if (m.path != GemmPath::Planned) return;
+  if (m.path != GemmPath::Planned || m.options.plan != nullptr) return;
   const PlannedCluster cluster = m.planned0->cluster();
   const int E = static_cast<int>(m.experts);
   launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.gemm0_n), cluster, TileFlags::None, m.table0.data(),
@@ -207,8 +218,14 @@ void ExpertFfn::build_tables(cudaStream_t stream, const int* row_offset) {
                           m.table_count.data() + 1, m.options.gemm1_band_block);
 }
 
-GemmTileEntry* ExpertFfn::gemm1_table() { return impl_->table1.data(); }
-const int* ExpertFfn::gemm1_count() const { return impl_->table_count.data() + 1; }
+GemmTileEntry* ExpertFfn::gemm1_table() {
+  if (impl_->options.plan != nullptr) throw_internal("an FFN that walks a plan has no GEMM1 table of its own");
+  return impl_->table1.data();
+}
+const int* ExpertFfn::gemm1_count() const {
+  if (impl_->options.plan != nullptr) throw_internal("an FFN that walks a plan has no GEMM1 table of its own");
+  return impl_->table_count.data() + 1;
+}
 int ExpertFfn::gemm1_capacity() const { return impl_->table1_capacity; }
 int ExpertFfn::gemm1_grid_ctas() const { return impl_->planned1 ? impl_->planned1->grid_ctas() : 0; }
 
@@ -225,8 +242,7 @@ void ExpertFfn::run_gemm0(cudaStream_t stream, const int* row_offset, const __nv
   const int a_rows = m.checked_rows(rows_bound);
   if (m.path == GemmPath::Planned) {
     // the activation is fused: GEMM0 writes act directly
-    m.planned0->run(stream, m.planned_run(m.table0.data(), m.table_count.data(), rows, a_rows, w0_.data(), m.act.data(),
-                                          static_cast<int>(m.gemm0_n), H));
+    m.planned0->run(stream, m.planned_run(0, rows, a_rows, w0_.data(), m.act.data(), static_cast<int>(m.gemm0_n), H));
   } else {
     m.gemm0->run(stream, E, row_offset, rows, w0_.data(), m.h.data(), static_cast<int>(m.gemm0_n), H);
   }
@@ -244,7 +260,7 @@ void ExpertFfn::run_gemm1(cudaStream_t stream, const int* row_offset, std::int64
   const int E = static_cast<int>(m.experts), H = static_cast<int>(m.layer.hidden), F = static_cast<int>(m.layer.ffn_hidden);
   const int a_rows = m.checked_rows(rows_bound);
   if (m.path == GemmPath::Planned) {
-    PlannedGemmRun r = m.planned_run(m.table1.data(), m.table_count.data() + 1, m.act.data(), a_rows, w2_.data(), y, H, F);
+    PlannedGemmRun r = m.planned_run(1, m.act.data(), a_rows, w2_.data(), y, H, F);
     r.flags = gemm1_flags;
     r.tile_times = gemm1_tile_times;
     m.planned1->run(stream, r);

@@ -26,6 +26,11 @@ struct ExpertFfnOptions {
   int gemm1_sm_limit = 0;         // > 0: GEMM1 leaves the other SMs to a concurrent consumer
   bool gemm1_band_flags = false;  // GEMM1's tiles raise one flag per row band (TileFlags::PerBand)
   int gemm1_band_block = 0;       // > 0: GEMM1's table in blocks of this many bands (build_tile_table)
+  // device: a plan whose tiles the planned GEMMs walk (GEMM0 its layer-0 range, GEMM1 its
+  // layer-1 range), compiled for them (gpu_sequential_shape) before each run; the FFN then builds
+  // no tables of its own and gemm1_table() is not available. nullptr: the FFN's own tables
+  // (build_tables; tile_signal's GPU schedule, until it is compiled into plans too).
+  const PlanTables* plan = nullptr;
 };
 
 class ExpertFfn {
@@ -38,7 +43,8 @@ class ExpertFfn {
   ~ExpertFfn();
   ExpertFfn(const ExpertFfn&) = delete;
   // The device memory the constructor above allocates (DeviceFootprint: pages, an upper bound).
-  static DeviceFootprint device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path);
+  static DeviceFootprint device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path,
+                                      bool own_tables = true);
   ExpertFfn& operator=(const ExpertFfn&) = delete;
 
   // Weights of global experts [first_expert, first_expert + experts) from the host, or drawn
@@ -48,7 +54,8 @@ class ExpertFfn {
   void draw(std::uint64_t seed);
 
   // Enqueues, for the current row_offset (device, [experts + 1]): on the planned path the tile
-  // tables (call in the layout stage, as soon as row_offset is known), then the GEMMs.
+  // tables (call in the layout stage, as soon as row_offset is known; nothing when the GEMMs
+  // walk a plan), then the GEMMs.
   void build_tables(cudaStream_t stream, const int* row_offset);
   // rows [rows_bound][hidden] -> y [rows_bound][hidden], where rows_bound <= max_rows bounds
   // row_offset[experts] (known on the host: tokens * top_k on one GPU, the receive capacity
@@ -64,7 +71,7 @@ class ExpertFfn {
   void run_gemm1(cudaStream_t stream, const int* row_offset, std::int64_t rows_bound, __nv_bfloat16* y,
                  unsigned* gemm1_flags = nullptr, unsigned long long* gemm1_tile_times = nullptr);
 
-  // GEMM1's tile table as build_tables wrote it (planned path), for a strategy to reorder.
+  // GEMM1's tile table as build_tables wrote it (planned path, own tables), for a strategy to reorder.
   GemmTileEntry* gemm1_table();
   const int* gemm1_count() const;
   int gemm1_capacity() const;

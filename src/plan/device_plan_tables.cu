@@ -5,7 +5,7 @@
 
 namespace tilemoe::cuda {
 
-std::size_t DevicePlanTables::device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts) {
+DeviceFootprint DevicePlanTables::device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts) {
   using namespace plan_detail;
   const auto& n = capacity.entries;
   DeviceFootprint f;
@@ -19,7 +19,7 @@ std::size_t DevicePlanTables::device_bytes(const plan_detail::PlanCapacity& capa
   f.add(1, sizeof(PlanTables));
   f.add(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts + 1), sizeof(int));           // offset
   f.add(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts / world + 1), sizeof(int));  // rank_row
-  return f.bytes();
+  return f;
 }
 
 DevicePlanTables::DevicePlanTables(const plan_detail::PlanCapacity& capacity, int world, int experts)

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <functional>
 
+#include "core/cuda/device_footprint.hpp"
 #include "plan/plan_tables.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 
@@ -16,12 +17,13 @@ class DevicePlanTables {
  public:
   // Room for plans of a world of `world` ranks and `experts` global experts.
   DevicePlanTables(const plan_detail::PlanCapacity& capacity, int world, int experts);
-  // The bytes of device memory the tables take, each allocation in 2 MiB pages (device_bytes).
-  static std::size_t device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts);
+  // The device memory the tables take (DeviceFootprint: pages, an upper bound).
+  static DeviceFootprint device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts);
 
   PlanTables* view() const { return view_.data(); }   // [1] the tables, as the compiler writes them
   int* offset() const { return offset_.data(); }      // [world][experts + 1] the compiler's scratch
   int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
+  const plan_detail::PlanCapacity& capacity() const { return capacity_; }
   int world() const { return world_; }
   int experts() const { return experts_; }
 

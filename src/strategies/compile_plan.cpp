@@ -25,43 +25,6 @@ Strategy parse_strategy(std::string_view name) {
   throw_bad_input("unknown strategy '" + std::string(name) + "': use sequential, tile_signal, comet or auto");
 }
 
-std::string_view buffer_name(BufferId buffer) {
-  switch (buffer) {
-    case BufferId::Input: return "Input";
-    case BufferId::ExpertIn: return "ExpertIn";
-    case BufferId::Activation: return "Activation";
-    case BufferId::ExpertOut: return "ExpertOut";
-    case BufferId::CombineIn: return "CombineIn";
-    case BufferId::Output: return "Output";
-  }
-  return "?";
-}
-
-std::string_view task_kind_name(TaskKind kind) {
-  switch (kind) {
-    case TaskKind::Gemm: return "gemm";
-    case TaskKind::Segment: return "segment";
-    case TaskKind::Combine: return "combine";
-  }
-  return "?";
-}
-
-std::int64_t StepPlan::buffer_rows(BufferId buffer) const {
-  switch (buffer) {
-    case BufferId::Input:
-    case BufferId::Output: return tokens;
-    case BufferId::ExpertIn:
-    case BufferId::Activation:
-    case BufferId::ExpertOut: return expert_rows;
-    case BufferId::CombineIn: return combine_rows;
-  }
-  return 0;
-}
-
-std::int64_t StepPlan::buffer_cols(BufferId buffer) const {
-  return buffer == BufferId::Activation ? ffn_hidden : hidden;
-}
-
 void validate(const PlanOptions& options, const EpWorld& world) {
   auto positive = [](const char* what, std::int64_t value, std::int64_t limit) {
     if (value < 1 || value > limit) {

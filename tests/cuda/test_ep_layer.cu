@@ -25,6 +25,8 @@
 #include "tilemoe/cpu_executor.hpp"
 #include "layer/ep_layer_inspector.hpp"
 #include "plan/plan_tables.hpp"
+#include "strategies/sequential/gpu_plan_shape.hpp"
+#include "strategies/strategies.hpp"
 #include "strategies/tile_signal/band_order.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
@@ -227,10 +229,8 @@ void check_device_schedule(const cases::MoeCase& c, const EpWorld& world, const 
 void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
                         const std::vector<Routing>& routing, std::vector<StepPlan> device_plans,
                         const std::vector<Matrix>& device_out, const char* path) {
-  PlanOptions o;
-  o.tile_m = cuda::kPlannedTileM;
-  o.tile_n = cuda::kPlannedTileN;
-  const std::vector<StepPlan> host_plans = compile_plan(Strategy::Sequential, world, routing, o);
+  const std::vector<StepPlan> host_plans =
+      plan_detail::compile_sequential_at(world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0));
   const plan_detail::HostStepCounts counts = plan_detail::routing_counts(routing, static_cast<int>(c.experts));
   std::string difference;
   for (std::size_t r = 0; r < device_plans.size() && difference.empty(); ++r) {
@@ -625,11 +625,9 @@ void world_of_one_is_the_one_gpu_layer() {
            std::to_string(config.tokens) + " tokens, hidden " + std::to_string(config.hidden) +
                ": the world of one gives the one-GPU layer's bits (two steps and a graph replay); " + description);
     // the plan compiled from the layer's own offsets (no exchange in a world of one)
-    PlanOptions o;
-    o.tile_m = cuda::kPlannedTileM;
-    o.tile_n = cuda::kPlannedTileN;
-    const std::string difference =
-        plan_detail::first_table_difference(device_plan[0], compile_plan(Strategy::Sequential, world, routing, o)[0]);
+    const std::string difference = plan_detail::first_table_difference(
+        device_plan[0],
+        plan_detail::compile_sequential_at(world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0))[0]);
     plan_detail::add_token_tables(device_plan[0], routing[0],
                                   plan_detail::routing_counts(routing, static_cast<int>(config.num_experts)).view());
     bool valid = true;

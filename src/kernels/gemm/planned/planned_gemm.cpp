@@ -84,7 +84,8 @@ void PlannedGemm::run(cudaStream_t stream, const PlannedGemmRun& r) {
   if (r.N <= 0 || r.K <= 0 || r.N % 8 != 0 || r.K % 8 != 0) fail("N and K must be positive multiples of 8");
   if (epilogue_ == PlannedEpilogue::SwiGLU && r.N % 16 != 0) fail("SwiGLU needs N (2 x ffn) to be a multiple of 16");
   if (r.a_rows < 0) fail("a_rows must not be negative");
-  if (r.table == nullptr || r.count == nullptr) fail("the tile table and its count are required");
+  if ((r.table == nullptr || r.count == nullptr) == (r.plan == nullptr)) fail("give a tile table and its count, or a plan");
+  if (r.plan != nullptr && r.plan_layer != 0 && r.plan_layer != 1) fail("a plan's GEMM is layer 0 or 1");
   if (r.A == nullptr || r.B == nullptr || r.D == nullptr) fail("A, B and D are required");
   if (!aligned16(r.A) || !aligned16(r.B) || !aligned16(r.D)) fail("A, B and D must be 16-byte aligned");
   if (r.probe != nullptr && !aligned16(r.probe)) fail("the probe records must be 16-byte aligned");

@@ -41,6 +41,7 @@
 
 #include "plan/gpu_tables.hpp"
 #include "plan/tile_table.hpp"
+#include "tilemoe/plan.hpp"
 
 namespace tilemoe::cuda {
 
@@ -101,8 +102,16 @@ const char* item_fetch_name(ItemFetch fetch);  // "default", "static", "dynamic"
 struct PlannedProbeRecord;  // planned_gemm_probe.hpp
 
 struct PlannedGemmRun {
+  // The work: a tile table and its count, or one GEMM's tiles of a plan, never both.
   const GemmTileEntry* table = nullptr;  // device
   const int* count = nullptr;            // device: number of entries (a multiple of the cluster size)
+  // device: a plan whose tiles [first, first + layer_tiles[plan_layer]) of this GEMM's layer are
+  // its entries (first: 0 for GEMM0, layer_tiles[0] for GEMM1), read as a table entry each: its
+  // expert is the group, its columns one output tile (col_begin / the epilogue's output tile
+  // width), its signal_flag the flag. The compiler gives them this GEMM's tile shape and order
+  // (cluster mates adjacent, padding mates as tiles of no rows). An overflowed plan runs nothing.
+  const PlanTables* plan = nullptr;
+  int plan_layer = 0;
   const __nv_bfloat16* A = nullptr;
   int a_rows = 0;
   const __nv_bfloat16* B = nullptr;

@@ -11,8 +11,8 @@
 //       run the epilogue: activation in fp32 on the accumulators, one bf16 rounding, staging in
 //       smem, 16-byte stores of the entry's real rows, a barrier over the 256 threads, and one
 //       thread's release add on the entry's flag.
-// Entries are read straight from the table in global memory by both roles (a 20-byte load per
-// tile), so no scheduler warp and no smem pipeline of work tiles is needed. Which item a cluster
+// Entries are read straight from the table (or the plan's tiles) in global memory by both roles
+// (a 20- or 56-byte load per tile), so no scheduler warp and no smem pipeline of work tiles is needed. Which item a cluster
 // runs next is either a fixed stride (static fetch) or claimed from a device counter by the
 // loader of the cluster's rank-0 CTA and passed to every reader through a ring of smem slots
 // (dynamic fetch; PlannedItemRing).
@@ -167,6 +167,8 @@ struct PlannedGemmTypes {
     typename Mainloop::Params mainloop;
     const GemmTileEntry* table;
     const int* count;
+    const PlanTables* plan;  // instead of table and count (PlannedGemmRun::plan)
+    int plan_layer;
     int a_rows, N, K, n_out;
     __nv_bfloat16* D;
     unsigned* flags;
@@ -218,6 +220,20 @@ __device__ __forceinline__ unsigned long long planned_globaltimer() {
   return t;
 }
 
+// Table entry `index`: the table's, or the plan tile's in the table's terms (PlannedGemmRun::plan).
+template <int kOutTileCols>
+__device__ __forceinline__ GemmTileEntry planned_entry(const GemmTileEntry* table, const GemmTile* plan_tiles, int index) {
+  if (plan_tiles == nullptr) return table[index];
+  const GemmTile& t = plan_tiles[index];
+  GemmTileEntry e;
+  e.group = t.expert;
+  e.row_begin = int(t.row_begin);
+  e.rows = int(t.row_end - t.row_begin);
+  e.col_tile = int(t.col_begin / kOutTileCols);
+  e.flag = t.signal_flag;
+  return e;
+}
+
 template <class Types, PlannedEpilogue kEpilogue>
 __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_constant__ typename Types::Params params) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -238,6 +254,8 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
 
   extern __shared__ __align__(128) char smem_raw[];
   auto& smem = *reinterpret_cast<typename Types::SharedStorage*>(smem_raw);
+  // output columns per tile: SwiGLU's epilogue halves the GEMM's 256 (gate/up pairs)
+  constexpr int kOutTileCols = kEpilogue == PlannedEpilogue::SwiGLU ? kPlannedTileN / 2 : kPlannedTileN;
 
   const int thread = int(threadIdx.x);
   const int warp_group = thread / 128;
@@ -276,7 +294,17 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     __syncthreads();
   }
 
-  const int entries = *params.count;
+  // The entries: the table's, or this GEMM's range of the plan's tiles.
+  const GemmTile* plan_tiles = nullptr;
+  int entries = 0;
+  if (params.plan != nullptr) {
+    const PlanHeader& header = params.plan->header;
+    entries = header.overflow != 0 ? 0 : int(header.layer_tiles[params.plan_layer]);
+    plan_tiles = params.plan->tiles.data + (params.plan_layer == 0 ? 0u : header.layer_tiles[0]);
+  } else {
+    entries = *params.count;
+  }
+  const auto entry_at = [&](int index) { return planned_entry<kOutTileCols>(params.table, plan_tiles, index); };
   const int items = entries > 0 ? entries / Types::kClusterSize : 0;
   const int k_tiles = (params.K + int(size<2>(TileShape{})) - 1) / int(size<2>(TileShape{}));
   Mainloop mainloop;
@@ -325,7 +353,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         item = dynamic ? planned_ring_read(smem.ring, seq, lane) : static_item(seq);
         if (item < 0) break;
       }
-      const GemmTileEntry e = params.table[item * Types::kClusterSize + int(rank_in_cluster)];
+      const GemmTileEntry e = entry_at(item * Types::kClusterSize + int(rank_in_cluster));
       planned_probe(probe, ProbeStep::Load, seq, item, write_state, 0, e.rows);
       if (e.group != group) {
         // The whole warp read the smem descriptors (cp_fence_release) for the previous group;
@@ -359,7 +387,6 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
     auto thr_mma = tiled_mma.get_thread_slice(mma_thread);
     Tensor tile_coord = thr_mma.partition_C(make_identity_tensor(take<0, 2>(TileShape{})));
     constexpr int kPasses = kEpilogue == PlannedEpilogue::SwiGLU ? 1 : 2;
-    constexpr int kOutTileCols = kEpilogue == PlannedEpilogue::SwiGLU ? kPlannedTileN / 2 : kPlannedTileN;
     __nv_bfloat16* stage = smem.stage;
 
     for (int seq = 0;; ++seq) {
@@ -367,7 +394,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
       const int item = dynamic ? planned_ring_read(smem.ring, seq, lane) : static_item(seq);
       if (item < 0) break;
       const int index = item * Types::kClusterSize + int(rank_in_cluster);
-      const GemmTileEntry e = params.table[index];
+      const GemmTileEntry e = entry_at(index);
       if (params.tile_times != nullptr && mma_thread == 0) params.tile_times[2 * index] = planned_globaltimer();
 
       Tensor accum = partition_fragment_C(tiled_mma, take<0, 2>(TileShape{}));
@@ -552,7 +579,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
         r.groups, reinterpret_cast<const Element*>(r.A), r.a_rows, reinterpret_cast<const Element*>(r.B), r.N, r.K,
         ptr_A_.data(), ptr_B_.data(), stride_A_.data(), stride_B_.data(), item_counter);
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
-    typename Types::Params params{mainloop_params_, r.table, r.count, r.a_rows, r.N, r.K,
+    typename Types::Params params{mainloop_params_, r.table, r.count, r.plan, r.plan_layer, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
                                   r.D, r.flags, r.tile_times, padding_mma, item_counter, r.probe};
     cudaLaunchAttribute attr{};
