@@ -27,7 +27,8 @@ struct EpMoeLayerInspector {
   // Waits for the step (bounded, as check() does), then downloads its tables.
   static EpLayerTables last_tables(const EpMoeLayer& layer, cudaStream_t stream);
   // Waits for the step (bounded), then downloads the plan the device compiled for it
-  // (EpMoeLayerHarness::build_device_plan): its tables and header, not its per-token tables.
+  // (the sequential strategy's; EpMoeLayerHarness::build_device_plan on the stock GEMM path):
+  // its tables and header, not its per-token tables.
   static StepPlan last_device_plan(const EpMoeLayer& layer, cudaStream_t stream);
 
   // Device pointers of the last step's intermediates, which the one-GPU layer (a world of one)

@@ -762,7 +762,10 @@ EpLayerTables EpMoeLayerInspector::last_tables(const EpMoeLayer& layer, cudaStre
 
 StepPlan EpMoeLayerInspector::last_device_plan(const EpMoeLayer& layer, cudaStream_t stream) {
   const EpMoeLayer::Impl& m = *layer.impl_;
-  if (!m.device_plan) throw_bad_input("this layer builds no device plan: set EpMoeLayerHarness::build_device_plan");
+  if (!m.device_plan) {
+    throw_bad_input("this layer builds no device plan: it runs the sequential strategy on the planned GEMM, or sets "
+                    "EpMoeLayerHarness::build_device_plan");
+  }
   use_device(m.device);
   m.wait_for_step(stream);
   const plan_detail::SequentialShape shape = m.device_plan_shape(m.device_plan_tokens);

@@ -76,9 +76,9 @@ struct EpMoeLayerHarness {
   // A corrupted device plan (tile_signal): the consumer's first band waits for a flag that no
   // GEMM tile raises; the bounded wait must turn it into an error naming that wait.
   bool unsignalled_band_wait = false;
-  // Compile the step's plan on the device too, right after the dispatch (sequential only so far),
-  // for the tests to hold against the host compiler (EpMoeLayerInspector::last_device_plan). The
-  // executors do not run it yet.
+  // Compile the step's plan on the device on the stock GEMM path too (sequential only), for the
+  // tests to hold against the host compiler (EpMoeLayerInspector::last_device_plan). On the
+  // planned path the sequential strategy compiles it every step: its GEMMs walk it.
   bool build_device_plan = false;
 };
 
