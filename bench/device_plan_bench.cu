@@ -1,8 +1,9 @@
 // How long the GPU takes to compile a step's sequential plan from the exchanged counts
-// (strategies/sequential/device_compiler.cu), at the expert-parallel benchmark cases' shapes:
-// rank 0's plan from every rank's counts of a synthetic routing, timed with events over repeated
-// launches on one thread and on a CTA of 256 (a tile per thread), and checked against the host
-// compiler's tables for the same counts (the plan of the CTA's last launch).
+// (strategies/sequential/device_compiler.cu), at the expert-parallel benchmark cases' shapes,
+// against the two tile-table builds it replaced in a step (GEMM0's and GEMM1's,
+// launch_build_tile_table): rank 0's plan from every rank's counts of a synthetic routing, each
+// timed with events over repeated launches, and the plan checked against the host compiler's
+// tables for the same counts.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "moe_cases.hpp"
+#include "kernels/gemm/planned/planned_gemm.hpp"
 #include "plan/plan_tables.hpp"
 #include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
@@ -24,9 +26,12 @@ using namespace tilemoe;
 int main(int argc, char** argv) {
   try {
     std::vector<std::string> ids;
-    for (int i = 1; i < argc; ++i) ids.emplace_back(argv[i]);  // case ids; none: every expert-parallel perf case
+    for (int i = 1; i < argc; ++i) ids.emplace_back(argv[i]);  // case ids; none: every perf case
     int failures = 0;
-    for (const cases::MoeCase& c : cases::select_cases(true, cases::kPerf, ids)) {
+    // the one-GPU layer's cases (a world of one, every expert local) and the expert-parallel ones
+    std::vector<cases::MoeCase> selected = cases::select_cases(false, cases::kPerf, ids);
+    for (const cases::MoeCase& c : cases::select_cases(true, cases::kPerf, ids)) selected.push_back(c);
+    for (const cases::MoeCase& c : selected) {
       const EpWorld world = c.world(cases::kPerf);
       const SyntheticStep step = synthetic_step(world, c.pattern, 7);
       const std::vector<Routing> routing = route_world(world, step.logits);
@@ -44,29 +49,44 @@ int main(int argc, char** argv) {
       cudaEvent_t start = nullptr, stop = nullptr;
       TILEMOE_CUDA_CHECK(cudaEventCreate(&start));
       TILEMOE_CUDA_CHECK(cudaEventCreate(&stop));
-      // one thread against a CTA of 256 (a tile per thread)
-      double us[2] = {0, 0};
-      const int widths[2] = {1, 256};
-      for (int w = 0; w < 2; ++w) {
-        cuda::launch_compile_sequential(stream, device_counts.data(), nullptr, shape, tables, widths[w]);  // warm-up
+      // the tables the plan replaced: rank 0's local row offsets, GEMM0 and GEMM1 on 1x2 clusters
+      std::vector<int> row_offset;
+      for (int e = 0; e <= L; ++e) row_offset.push_back(counts.view().expert_row(0, e));
+      cuda::DeviceArray<int> device_row_offset(row_offset.data(), row_offset.size());
+      const int gemm0_n = static_cast<int>(world.layer.activation == Activation::SwiGLU ? 2 * shape.ffn_hidden : shape.ffn_hidden);
+      const int cap0 = static_cast<int>(cuda::max_tile_entries(max_rows, L, gemm0_n, cuda::PlannedCluster::N2));
+      const int cap1 = static_cast<int>(cuda::max_tile_entries(max_rows, L, static_cast<int>(shape.hidden), cuda::PlannedCluster::N2));
+      cuda::DeviceArray<cuda::GemmTileEntry> table0(static_cast<std::size_t>(cap0)), table1(static_cast<std::size_t>(cap1));
+      cuda::DeviceArray<int> table_count(2);
+      const auto compile = [&] { cuda::launch_compile_sequential(stream, device_counts.data(), nullptr, shape, tables); };
+      const auto build_tables = [&] {
+        cuda::launch_build_tile_table(stream, device_row_offset.data(), L, gemm0_n, cuda::PlannedCluster::N2, cuda::TileFlags::None,
+                                      table0.data(), cap0, table_count.data(), shape.band_block[0]);
+        cuda::launch_build_tile_table(stream, device_row_offset.data(), L, static_cast<int>(shape.hidden), cuda::PlannedCluster::N2,
+                                      cuda::TileFlags::None, table1.data(), cap1, table_count.data() + 1);
+      };
+      const auto time_us = [&](const auto& launch) {
+        launch();  // warm-up
         constexpr int kRuns = 50;
         TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
-        for (int i = 0; i < kRuns; ++i) cuda::launch_compile_sequential(stream, device_counts.data(), nullptr, shape, tables, widths[w]);
+        for (int i = 0; i < kRuns; ++i) launch();
         TILEMOE_CUDA_CHECK(cudaEventRecord(stop, stream));
         TILEMOE_CUDA_CHECK(cudaEventSynchronize(stop));
         float ms = 0;
         TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        us[w] = 1000.0 * ms / kRuns;
-      }
+        return 1000.0 * ms / kRuns;
+      };
+      const double table_us = time_us(build_tables), compile_us = time_us(compile);
       StepPlan device_plan;
       device_plan.rank = 0;
       tables.download(stream, [&](const char*) { TILEMOE_CUDA_CHECK(cudaStreamSynchronize(stream)); }, device_plan);
       const StepPlan host_plan = plan_detail::compile_sequential_at(world, routing, PlanOptions{}, shape)[0];
       const std::string difference = plan_detail::first_table_difference(device_plan, host_plan);
       if (!difference.empty()) ++failures;
-      std::printf("%-22s %d ranks: %6zu tiles %5zu segments %4zu combines: %8.1f us per compile on one thread, %7.1f us on 256; %s\n",
-                  c.id().c_str(), W, device_plan.tiles.size(), device_plan.segments.size(), device_plan.combines.size(), us[0], us[1],
-                  difference.empty() ? "equal to the host compiler's" : ("DIFFERS: " + difference).c_str());
+      std::printf("%-22s %d ranks: %6zu tiles %5zu segments %4zu combines: %7.1f us per compile, %6.1f us for the two "
+                  "tile tables it replaced; %s\n",
+                  c.id().c_str(), W, device_plan.tiles.size(), device_plan.segments.size(), device_plan.combines.size(), compile_us,
+                  table_us, difference.empty() ? "equal to the host compiler's" : ("DIFFERS: " + difference).c_str());
       cudaEventDestroy(start);
       cudaEventDestroy(stop);
       cudaStreamDestroy(stream);

@@ -31,6 +31,13 @@ SequentialShape shape_of(int rank, std::int64_t tokens, std::int64_t hidden, std
   return s;
 }
 
+// The host's way: the prefix sums, then the tables (lane `lane` of `lanes`).
+void compile_tables(const HostStepCounts& c, const SequentialShape& s, HostPlanTables& tables, int lane = 0, int lanes = 1) {
+  std::vector<int> tile_first(static_cast<std::size_t>(sequential_prefix_size(c.view().local_experts)));
+  sequential_prefix(c.view(), s, tile_first.data());
+  compile_sequential_tables(c.view(), s, tile_first.data(), tables.view(), lane, lanes);
+}
+
 constexpr cuda::PlannedCluster kOrders[] = {cuda::PlannedCluster::None, cuda::PlannedCluster::N2, cuda::PlannedCluster::M2};
 
 }  // namespace
@@ -73,7 +80,7 @@ TEST(PlanTables, TheRoomIsTheBoundAndAnOverflowIsNamed) {
     const SequentialShape shape = shape_of(0, 17, hidden, ffn, tile_m, tile_n, order);
     const PlanCapacity room = sequential_capacity(world, local, c.view().expert_rows(0), shape.tokens, shape);
     HostPlanTables fits(room);
-    compile_sequential_tables(c.view(), shape, fits.view());
+    compile_tables(c, shape, fits);
     EXPECT_EQ(fits.view().header.overflow, 0u);
     StepPlan plan;
     ASSERT_NO_THROW(copy_plan_tables(fits.view(), plan));
@@ -82,7 +89,7 @@ TEST(PlanTables, TheRoomIsTheBoundAndAnOverflowIsNamed) {
     PlanCapacity short_of_tiles = room;
     short_of_tiles.entries[kTilesTable] = static_cast<std::uint32_t>(plan.tiles.size() - 1);
     HostPlanTables cramped(short_of_tiles);
-    compile_sequential_tables(c.view(), shape, cramped.view());
+    compile_tables(c, shape, cramped);
     EXPECT_EQ(cramped.view().header.overflow, static_cast<std::uint32_t>(kTilesTable + 1));
     try {
       StepPlan lost;
@@ -94,6 +101,21 @@ TEST(PlanTables, TheRoomIsTheBoundAndAnOverflowIsNamed) {
     }
   }
   EXPECT_THROW(checked_capacity({1, 1, std::int64_t{1} << 32, 1, 1, 1, 1}), Error);
+
+  // counts past the buffers' room (a failing exchange's): no tiles at all, and the plan says why
+  SequentialShape bounded = shape_of(0, 17, hidden, ffn, tile_m, tile_n, cuda::PlannedCluster::N2);
+  bounded.receive_rows = c.view().expert_rows(0) - 1;
+  HostPlanTables past(sequential_capacity(world, local, c.view().expert_rows(0), bounded.tokens, bounded));
+  compile_tables(c, bounded, past);
+  EXPECT_EQ(past.view().header.rows_exceed_room, 1u);
+  EXPECT_EQ(past.view().tiles.count, 0u);
+  StepPlan refused;
+  EXPECT_THROW(copy_plan_tables(past.view(), refused), Error);
+  bounded.receive_rows = c.view().expert_rows(0);
+  HostPlanTables exact(sequential_capacity(world, local, c.view().expert_rows(0), bounded.tokens, bounded));
+  compile_tables(c, bounded, exact);
+  EXPECT_EQ(exact.view().header.rows_exceed_room, 0u);
+  EXPECT_GT(exact.view().tiles.count, 0u);
 }
 
 TEST(PlanTables, TheGpuShapedTilesAreThePlannedGemmsTable) {
@@ -116,7 +138,7 @@ TEST(PlanTables, TheGpuShapedTilesAreThePlannedGemmsTable) {
     for (int rank = 0; rank < world; ++rank) {
       shape.rank = rank;
       HostPlanTables tables(sequential_capacity(world, local, c.view().expert_rows(rank), shape.tokens, shape));
-      compile_sequential_tables(c.view(), shape, tables.view());
+      compile_tables(c, shape, tables);
       StepPlan plan;
       copy_plan_tables(tables.view(), plan);
       std::vector<int> row_offset;
@@ -197,8 +219,8 @@ TEST(PlanTables, LanesInAnyOrderWriteTheOnePlan) {
     const SequentialShape shape = shape_of(rank, 40, 16, 40, 3, 7);
     const PlanCapacity room = sequential_capacity(3, 2, c.view().expert_rows(rank), shape.tokens, shape);
     HostPlanTables one(room), lanes(room);
-    compile_sequential_tables(c.view(), shape, one.view());
-    for (int lane : {3, 1, 4, 0, 2}) compile_sequential_tables(c.view(), shape, lanes.view(), lane, 5);
+    compile_tables(c, shape, one);
+    for (int lane : {3, 1, 4, 0, 2}) compile_tables(c, shape, lanes, lane, 5);
     StepPlan a, b;
     a.rank = b.rank = rank;
     copy_plan_tables(one.view(), a);

@@ -165,6 +165,9 @@ struct PlanHeader {
   // 0, or 1 + the index of the first table that lacked room (see plan_table_name): the plan is
   // incomplete and must not run.
   std::uint32_t overflow = 0;
+  // The step's expert rows exceed the buffers the layer sized (its receive room): the plan has
+  // no tiles, so its GEMMs touch nothing, and the step is an error the exchange reports.
+  std::uint32_t rows_exceed_room = 0;
 };
 
 // A rank's plan less its per-token tables (gather_rows, combine_source_row, combine_weight):

@@ -101,7 +101,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   bool ffn_walks_plan = false;
   int device_plan_tokens = 0;
   plan_detail::SequentialShape device_plan_shape(std::int64_t tokens) const {
-    return plan_detail::gpu_sequential_shape(config, rank, tokens);
+    return plan_detail::gpu_sequential_shape(config, rank, tokens, layout.receive_capacity);
   }
   // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
   DeviceArray<unsigned long long> tile_times, segment_times;

@@ -23,6 +23,7 @@ class DevicePlanTables {
   PlanTables* view() const { return view_.data(); }   // [1] the tables, as the compiler writes them
   int* offset() const { return offset_.data(); }      // [world][experts + 1] the compiler's scratch
   int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
+  int* prefix() const { return prefix_.data(); }      // [2][experts / world + 2]: per-GEMM prefix sums over the local experts
   const plan_detail::PlanCapacity& capacity() const { return capacity_; }
   int world() const { return world_; }
   int experts() const { return experts_; }
@@ -42,7 +43,7 @@ class DevicePlanTables {
   DeviceArray<CombineTask> combines_;
   DeviceArray<TaskRef> compute_queue_, comm_queue_;
   DeviceArray<PlanTables> view_;
-  DeviceArray<int> offset_, rank_row_;
+  DeviceArray<int> offset_, rank_row_, prefix_;
 };
 
 }  // namespace tilemoe::cuda

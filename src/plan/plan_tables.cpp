@@ -65,6 +65,10 @@ void copy_plan_tables(const PlanTables& tables, StepPlan& plan) {
                    std::string(plan_table_name(static_cast<int>(tables.header.overflow) - 1)) +
                    " table: the strategy's capacity is too small");
   }
+  if (tables.header.rows_exceed_room != 0) {
+    throw_internal("the plan of rank " + std::to_string(plan.rank) + " was compiled for a step whose expert rows exceed the "
+                   "layer's receive room: that step failed and has no plan");
+  }
   const std::uint32_t gemm0 = tables.header.layer_tiles[0];
   bool layered = gemm0 + tables.header.layer_tiles[1] == tables.tiles.count;
   for (std::uint32_t i = 0; layered && i < tables.tiles.count; ++i) layered = tables.tiles.data[i].layer == (i < gemm0 ? 0 : 1);
@@ -180,8 +184,8 @@ HostStepCounts::HostStepCounts(std::vector<int> counts, int world, int experts) 
   const int local = experts / world;
   offset_.resize(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts + 1));
   rank_row_.resize(static_cast<std::size_t>(world) * static_cast<std::size_t>(local + 1));
-  derive_offsets(counts_.data(), world, experts, offset_.data(), 0, 1);
-  derive_rank_rows(offset_.data(), world, experts, rank_row_.data(), 0, 1);
+  derive_offsets(counts_.data(), world, experts, offset_.data());
+  derive_rank_rows(offset_.data(), world, experts, rank_row_.data());
   view_ = StepCounts{world, experts, local, offset_.data(), rank_row_.data()};
 }
 

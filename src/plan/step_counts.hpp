@@ -44,11 +44,10 @@ struct StepCounts {
 };
 
 // Fills `offset` [world][experts + 1] and `rank_row` [world][local_experts + 1] from
-// `counts` [world][experts] (count of rank q's rows for global expert x). Thread `lane` of
-// `lanes` does ranks lane, lane + lanes, ...; on the device every lane must finish (a barrier)
-// before the result is read.
-TILEMOE_HOST_DEVICE inline void derive_offsets(const int* counts, int world, int experts, int* offset, int lane, int lanes) {
-  for (int q = lane; q < world; q += lanes) {
+// `counts` [world][experts] (count of rank q's rows for global expert x), on one thread (the
+// host's way; a device compiler scans them a warp per rank).
+inline void derive_offsets(const int* counts, int world, int experts, int* offset) {
+  for (int q = 0; q < world; ++q) {
     int running = 0;
     for (int x = 0; x < experts; ++x) {
       offset[q * (experts + 1) + x] = running;
@@ -57,9 +56,9 @@ TILEMOE_HOST_DEVICE inline void derive_offsets(const int* counts, int world, int
     offset[q * (experts + 1) + experts] = running;
   }
 }
-TILEMOE_HOST_DEVICE inline void derive_rank_rows(const int* offset, int world, int experts, int* rank_row, int lane, int lanes) {
+inline void derive_rank_rows(const int* offset, int world, int experts, int* rank_row) {
   const int local = experts / world;
-  for (int d = lane; d < world; d += lanes) {
+  for (int d = 0; d < world; ++d) {
     int running = 0;
     for (int e = 0; e < local; ++e) {
       rank_row[d * (local + 1) + e] = running;
@@ -71,17 +70,6 @@ TILEMOE_HOST_DEVICE inline void derive_rank_rows(const int* offset, int world, i
   }
 }
 
-// Appends to a table with fixed room; a full table records the overflow in the header (the first
-// one only) and drops the entry. Returns the entry's index.
-template <typename T>
-TILEMOE_HOST_DEVICE inline std::uint32_t plan_push(PlanTable<T>& table, const T& value, PlanHeader& header, int table_index) {
-  if (table.count >= table.capacity) {
-    if (header.overflow == 0) header.overflow = static_cast<std::uint32_t>(table_index + 1);
-    return table.count;
-  }
-  table.data[table.count] = value;
-  return table.count++;
-}
 constexpr int kExpertsTable = 0, kWaitsTable = 1, kTilesTable = 2, kSegmentsTable = 3, kCombinesTable = 4,
               kComputeQueueTable = 5, kCommQueueTable = 6;
 

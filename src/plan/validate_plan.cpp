@@ -171,7 +171,9 @@ class PlanChecker {
       if (s.dst != BufferId::ExpertIn && s.dst != BufferId::CombineIn) reject(who + ": may write only ExpertIn or CombineIn");
       if (s.dest_rank < 0 || s.dest_rank >= world()) reject(who + ": no such destination rank");
       const StepPlan& d = plans_[static_cast<std::size_t>(s.dest_rank)];
-      if (s.rows < 1) reject(who + ": moves no rows");
+      // a segment of no rows (an empty group) moves nothing but may raise its flag: a receiver
+      // can then expect a count fixed by the layer's shape, not by the routing
+      if (s.rows < 0) reject(who + ": moves " + std::to_string(s.rows) + " rows");
       if (p.buffer_cols(s.src) != d.buffer_cols(s.dst) || s.col_begin < 0 || s.col_end > p.buffer_cols(s.src) || s.col_begin >= s.col_end) reject(who + ": columns out of bounds");
       if (s.gather_count > 0) {
         if (s.gather_count != s.rows) reject(who + ": gathers " + std::to_string(s.gather_count) + " rows but moves " + std::to_string(s.rows));

@@ -1,7 +1,7 @@
 #pragma once
 // The sequential strategy's compiler on the GPU: sequential_plan.hpp's code path in a one-CTA
-// kernel, right after the layout, from the counts the step has exchanged. `threads` (1..256, the
-// CTA's width) is for the benchmark that weighs a tile per thread against one thread.
+// kernel of 1024 threads (an entry per thread), right after the dispatch, from the counts the
+// step has exchanged.
 #include <cuda_runtime.h>
 
 #include "plan/device_plan_tables.hpp"
@@ -13,6 +13,6 @@ namespace tilemoe::cuda {
 // when `counts` is null, as `offsets` [world][experts + 1] (the host path's gathered layouts, a
 // world of one's own). Writes `plan`'s tables for shape.rank.
 void launch_compile_sequential(cudaStream_t stream, const int* counts, const int* offsets,
-                               const plan_detail::SequentialShape& shape, const DevicePlanTables& plan, int threads = 256);
+                               const plan_detail::SequentialShape& shape, const DevicePlanTables& plan);
 
 }  // namespace tilemoe::cuda

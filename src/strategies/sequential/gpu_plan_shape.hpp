@@ -13,7 +13,8 @@
 
 namespace tilemoe::plan_detail {
 
-inline SequentialShape gpu_sequential_shape(const MoeConfig& layer, int rank, std::int64_t tokens) {
+// `receive_rows`: the most expert rows the rank's buffers hold (0: no bound).
+inline SequentialShape gpu_sequential_shape(const MoeConfig& layer, int rank, std::int64_t tokens, std::int64_t receive_rows = 0) {
   SequentialShape shape;
   shape.rank = rank;
   shape.tokens = tokens;
@@ -28,6 +29,7 @@ inline SequentialShape gpu_sequential_shape(const MoeConfig& layer, int rank, st
   shape.band_block[0] = cuda::kGemm0BandBlock;
   shape.band_block[1] = 0;
   shape.combine_tokens = PlanOptions{}.combine_tokens;
+  shape.receive_rows = receive_rows;
   return shape;
 }
 

@@ -1,5 +1,7 @@
 // The sequential strategy (the Megatron / Tutel baseline) on the host: the same compiler the GPU
 // runs (sequential_plan.hpp), from the counts of the routing, then the per-token tables.
+#include <vector>
+
 #include "plan/plan_builder.hpp"
 #include "plan/plan_tables.hpp"
 #include "sequential_plan.hpp"
@@ -34,7 +36,9 @@ std::vector<StepPlan> compile_sequential_at(const EpWorld& world, const std::vec
     plan.tile_n1 = shape.tile_n[1];
     HostPlanTables tables(sequential_capacity(world_size, counts.view().local_experts, counts.view().expert_rows(rank),
                                               plan.tokens, shape));
-    compile_sequential_tables(counts.view(), shape, tables.view());
+    std::vector<int> tile_first(static_cast<std::size_t>(sequential_prefix_size(counts.view().local_experts)));
+    sequential_prefix(counts.view(), shape, tile_first.data());
+    compile_sequential_tables(counts.view(), shape, tile_first.data(), tables.view());
     copy_plan_tables(tables.view(), plan);
     add_token_tables(plan, routing[static_cast<std::size_t>(rank)], counts.view());
   }

@@ -1,16 +1,21 @@
 #pragma once
 // The sequential strategy's compiler: one code path from every rank's per-expert counts to one
-// rank's plan, run by the host (compile_plan) and by a kernel on the GPU (device_plan.cu).
+// rank's plan, run by the host (compile_plan) and by a kernel on the GPU (device_compiler.cu).
 //
-// The schedule: the dispatch all-to-all (rank r sends to r, r + 1, ...; a segment per non-empty
-// (destination, local expert) group), every local expert's GEMM0 tiles, then every GEMM1 tile
-// (in the planned GEMM's order, which the GPU's GEMMs walk),
-// the combine all-to-all (a segment per non-empty (local expert, source) group, back to the
-// source), then the top-k sums in token chunks. Each phase waits for the whole phase before it.
+// The schedule: the dispatch all-to-all (rank r sends to r, r + 1, ...; a segment per
+// (destination, local expert) group, empty groups included), every local expert's GEMM0 tiles,
+// then every GEMM1 tile (in the planned GEMM's order, which the GPU's GEMMs walk), the combine
+// all-to-all (a segment per (local expert, source) group, back to the source), then the top-k
+// sums in token chunks. Each phase waits for the whole phase before it.
 //
 // Flags of rank r, numbered so that any rank can name a peer's: [0, W) the dispatch arrivals
-// from sender p (one count per segment), W the GEMM0 tiles, W + 1 the GEMM1 tiles,
-// [W + 2, 2W + 2) the combine arrivals from expert rank d.
+// from sender p, W the GEMM0 tiles, W + 1 the GEMM1 tiles, [W + 2, 2W + 2) the combine arrivals
+// from expert rank d. A segment raises its flag even when its group is empty, so each arrival
+// flag expects L signals whatever the routing.
+//
+// Every entry of every table is a function of its index and a few prefix sums over the local
+// experts (SequentialPrefix), so the GPU writes them a thread per entry: the prefix sums first
+// (the host serially, the device a warp-wide scan each), then compile_sequential_tables.
 #include <cstdint>
 
 #include "plan/plan_tables.hpp"
@@ -31,6 +36,10 @@ struct SequentialShape {
   cuda::PlannedCluster cluster = cuda::PlannedCluster::None;
   int band_block[2] = {0, 0};  // > 0: each expert's tiles in blocks of that many row bands
   std::int64_t combine_tokens = 32;
+  // The most expert rows the rank's buffers hold (0: no bound, the host's plans). A step of more
+  // (counts a failing exchange left behind) compiles to a plan without tiles, marked
+  // PlanHeader::rows_exceed_room, so that no GEMM writes past the buffers.
+  std::int64_t receive_rows = 0;
 };
 
 TILEMOE_HOST_DEVICE inline std::uint32_t sequential_flag_count(int world) { return static_cast<std::uint32_t>(2 * world + 2); }
@@ -51,36 +60,56 @@ inline PlanCapacity sequential_capacity(int world, int local_experts, std::int64
   return checked_capacity({local_experts, 2LL * world + 2, tiles, segments, combines, tiles + combines, segments});
 }
 
-// What every part of the compiler needs first, cheap to compute (W x L) on each thread: where
-// each phase's shared waits sit, and how many tiles each GEMM has.
+// The prefix sums the tables are indexed by: for GEMM layer l, `tile_first[l * (L + 2) + e]` is
+// the first entry of local expert e's tiles in that GEMM's range (e = L: the GEMM's entries),
+// and `tile_first[l * (L + 2) + L + 1]` the GEMM's tiles that compute rows (padding mates
+// excluded), which its flag counts. Room: sequential_prefix_size(L).
+TILEMOE_HOST_DEVICE inline int sequential_prefix_size(int local_experts) { return 2 * (local_experts + 2); }
+
+// Expert e's tiles in GEMM `layer` of rank s.rank.
+TILEMOE_HOST_DEVICE inline cuda::GroupTiles sequential_expert_tiles(const StepCounts& c, const SequentialShape& s, int layer, int e) {
+  return cuda::group_tiles(c.local_rows(s.rank, e), sequential_column_tiles(s, layer), s.cluster, static_cast<int>(s.tile_m));
+}
+
+// The prefix sums on one thread (the host's way; the device scans with a warp per GEMM).
+inline void sequential_prefix(const StepCounts& c, const SequentialShape& s, int* tile_first) {
+  const int L = c.local_experts;
+  for (int layer = 0; layer < 2; ++layer) {
+    int* first = tile_first + layer * (L + 2);
+    int entries = 0, real = 0;
+    for (int e = 0; e < L; ++e) {
+      const cuda::GroupTiles g = sequential_expert_tiles(c, s, layer, e);
+      first[e] = entries;
+      entries += g.entries;
+      real += g.m_tiles * sequential_column_tiles(s, layer);
+    }
+    first[L] = entries;
+    first[L + 1] = real;
+  }
+}
+
+// Where each phase's waits sit, from the prefix sums (O(1) per thread): [0, W) one per sender,
+// then GEMM0's and GEMM1's if they have tiles, then [combine_wait_begin, + W) one per expert rank.
 struct SequentialSummary {
-  std::uint32_t dispatch_waits = 0;   // waits [0, dispatch_waits): one per sender
   std::int64_t layer_tiles[2] = {0, 0};  // entries of each GEMM, padding mates included
   std::int64_t real_tiles[2] = {0, 0};   // those that compute rows (and raise the GEMM's flag)
   std::uint32_t layer_wait[2] = {0, 0};  // the wait for all of GEMM0 / GEMM1 (if it has tiles)
-  std::uint32_t combine_waits = 0;    // waits [combine_wait_begin, +combine_waits): one per expert rank
   std::uint32_t combine_wait_begin = 0;
+  std::uint32_t waits = 0;
 };
 
-TILEMOE_HOST_DEVICE inline SequentialSummary summarize_sequential(const StepCounts& c, const SequentialShape& s) {
-  const int W = c.world, L = c.local_experts, r = s.rank;
+TILEMOE_HOST_DEVICE inline SequentialSummary summarize_sequential(const StepCounts& c, const int* tile_first) {
+  const int W = c.world, L = c.local_experts;
   SequentialSummary m;
-  for (int p = 0; p < W; ++p) m.dispatch_waits += c.groups_from(p, r) > 0 ? 1u : 0u;
+  std::uint32_t at = static_cast<std::uint32_t>(W);
   for (int layer = 0; layer < 2; ++layer) {
-    const int col_tiles = sequential_column_tiles(s, layer);
-    for (int e = 0; e < L; ++e) {
-      const cuda::GroupTiles g = cuda::group_tiles(c.local_rows(r, e), col_tiles, s.cluster, static_cast<int>(s.tile_m));
-      m.layer_tiles[layer] += g.entries;
-      m.real_tiles[layer] += static_cast<std::int64_t>(g.m_tiles) * col_tiles;
-    }
-  }
-  std::uint32_t at = m.dispatch_waits;
-  for (int layer = 0; layer < 2; ++layer) {
+    m.layer_tiles[layer] = tile_first[layer * (L + 2) + L];
+    m.real_tiles[layer] = tile_first[layer * (L + 2) + L + 1];
     m.layer_wait[layer] = at;
     at += m.real_tiles[layer] > 0 ? 1u : 0u;
   }
   m.combine_wait_begin = at;
-  for (int d = 0; d < W; ++d) m.combine_waits += c.groups_from(r, d) > 0 ? 1u : 0u;
+  m.waits = at + static_cast<std::uint32_t>(W);
   return m;
 }
 
@@ -89,22 +118,22 @@ TILEMOE_HOST_DEVICE inline SequentialSummary summarize_sequential(const StepCoun
 // GEMM0 waits for the whole dispatch, GEMM1 for all of GEMM0; a padding mate (no rows) computes
 // nothing and raises nothing.
 TILEMOE_HOST_DEVICE inline GemmTile sequential_tile(const StepCounts& c, const SequentialShape& s, const SequentialSummary& m,
-                                                    std::int64_t i) {
-  const int W = c.world, r = s.rank;
+                                                    const int* tile_first, std::int64_t i) {
+  const int W = c.world, L = c.local_experts, r = s.rank;
   const int layer = i < m.layer_tiles[0] ? 0 : 1;
-  const std::int64_t index = layer == 0 ? i : i - m.layer_tiles[0];
-  const int col_tiles = sequential_column_tiles(s, layer), tile_m = static_cast<int>(s.tile_m);
-  // the expert holding entry `index`
-  int e = 0;
-  std::int64_t first = 0;
-  for (; e < c.local_experts - 1; ++e) {
-    const int n = cuda::group_tiles(c.local_rows(r, e), col_tiles, s.cluster, tile_m).entries;
-    if (index < first + n) break;
-    first += n;
+  const int index = static_cast<int>(layer == 0 ? i : i - m.layer_tiles[0]);
+  const int* first = tile_first + layer * (L + 2);
+  // the expert holding entry `index`: the last e with first[e] <= index (empty experts share
+  // their successor's first entry, so the search takes the last of equal ones)
+  int lo = 0, hi = L - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (first[mid] <= index) lo = mid; else hi = mid - 1;
   }
+  const int e = lo;
   const cuda::GemmTileEntry entry =
-      cuda::decode_entry(e, c.expert_row(r, e), c.local_rows(r, e), 0, static_cast<int>(index - first), static_cast<int>(index),
-                         col_tiles, s.cluster, cuda::TileFlags::None, s.band_block[layer], tile_m);
+      cuda::decode_entry(e, c.expert_row(r, e), c.local_rows(r, e), 0, index - first[e], index, sequential_column_tiles(s, layer),
+                         s.cluster, cuda::TileFlags::None, s.band_block[layer], static_cast<int>(s.tile_m));
   const std::int64_t cols = layer == 0 ? s.ffn_hidden : s.hidden;
   const std::int64_t col = static_cast<std::int64_t>(entry.col_tile) * s.tile_n[layer];
   GemmTile tile;
@@ -116,118 +145,136 @@ TILEMOE_HOST_DEVICE inline GemmTile sequential_tile(const StepCounts& c, const S
   tile.col_end = col + s.tile_n[layer] < cols ? col + s.tile_n[layer] : cols;
   tile.signal_flag = entry.rows > 0 ? W + layer : kNoFlag;
   tile.wait_begin = layer == 0 ? 0u : m.layer_wait[0];
-  tile.wait_count = layer == 0 ? m.dispatch_waits : 1u;
+  tile.wait_count = layer == 0 ? static_cast<std::uint32_t>(W) : 1u;
   return tile;
 }
 
-// Lane `lane` of `lanes` (one CTA's threads on the device; 0 of 1 on the host) writes GEMM tiles
-// lane, lane + lanes, ... and their compute-queue entries; lane 0 writes everything else and the
-// tables' counts, into its own copy of `out` (on the device, lane 0 copies it back).
-TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, const SequentialShape& s, PlanTables& out, int lane = 0,
-                                                          int lanes = 1) {
+// Segment `j` of the plan: [0, W L) the dispatch, destination after destination from this rank
+// on, local expert after local expert; then [W L, 2 W L) the combine, local expert after local
+// expert, source after source, after the whole GEMM1.
+TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const SequentialShape& s, const SequentialSummary& m,
+                                                      int j) {
   const int W = c.world, L = c.local_experts, r = s.rank;
-  const SequentialSummary m = summarize_sequential(c, s);
+  Segment segment;
+  segment.col_begin = 0;
+  segment.col_end = s.hidden;
+  if (j < W * L) {  // this rank's permuted rows of (destination d, its local expert e)
+    const int d = (r + j / L) % W, e = j % L;
+    segment.src = BufferId::Input;
+    segment.dst = BufferId::ExpertIn;
+    segment.dest_rank = d;
+    segment.rows = c.count(r, d * L + e);
+    segment.gather_begin = static_cast<std::uint32_t>(c.offset_of(r, d * L + e));
+    segment.gather_count = static_cast<std::uint32_t>(segment.rows);
+    segment.dst_row = c.block_row(d, e, r);
+    segment.dest_flag = r;
+    return segment;
+  }
+  // source q's rows of local expert e, back where they land in q's permuted order
+  const int e = (j - W * L) / W, q = (j - W * L) % W;
+  segment.src = BufferId::ExpertOut;
+  segment.dst = BufferId::CombineIn;
+  segment.dest_rank = q;
+  segment.rows = c.count(q, r * L + e);
+  segment.src_row = c.block_row(r, e, q);
+  segment.dst_row = c.offset_of(q, r * L + e);
+  if (m.real_tiles[1] > 0) {
+    segment.wait_begin = m.layer_wait[1];
+    segment.wait_count = 1;
+  }
+  segment.dest_flag = W + 2 + r;
+  return segment;
+}
+
+// Wait `w` of the plan (see SequentialSummary).
+TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const SequentialSummary& m, int rank, std::uint32_t w) {
+  const int W = c.world, L = c.local_experts;
+  const auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
+  if (w < u(W)) return FlagWait{w, u(L), static_cast<std::int32_t>(w)};
+  if (w >= m.combine_wait_begin) {
+    const int d = static_cast<int>(w - m.combine_wait_begin);
+    return FlagWait{u(W + 2 + d), u(L), d};
+  }
+  const int layer = w == m.layer_wait[0] && m.real_tiles[0] > 0 ? 0 : 1;
+  return FlagWait{u(W + layer), u(m.real_tiles[layer]), rank};
+}
+
+// Lane `lane` of `lanes` (one CTA's threads on the device; 0 of 1 on the host) writes the entries
+// lane, lane + lanes, ... of every table; lane 0 also writes the header and the tables' counts
+// into its copy of `out` (on the device, lane 0 copies it back). `tile_first`: the prefix sums
+// (sequential_prefix), complete before any lane starts.
+TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, const SequentialShape& s, const int* tile_first,
+                                                          PlanTables& out, int lane = 0, int lanes = 1) {
+  const int W = c.world, L = c.local_experts, r = s.rank;
+  const SequentialSummary m = summarize_sequential(c, tile_first);
   const std::int64_t tiles = m.layer_tiles[0] + m.layer_tiles[1];
-  for (std::int64_t i = lane; i < tiles; i += lanes) {
-    const GemmTile tile = sequential_tile(c, s, m, i);
-    if (i < out.tiles.capacity) out.tiles.data[i] = tile;
-    if (i < out.compute_queue.capacity) out.compute_queue.data[i] = TaskRef{TaskKind::Gemm, static_cast<std::uint32_t>(i)};
+  const std::int64_t segments = 2LL * W * L;
+  const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
+  const std::int64_t computes = tiles + combines;
+  // which tables lack room: then no lane writes them, and lane 0 names the first
+  const auto room = [](std::int64_t entries, std::uint32_t capacity) { return entries <= static_cast<std::int64_t>(capacity); };
+  const bool fits[kPlanTableCount] = {room(L, out.experts.capacity),         room(m.waits, out.waits.capacity),
+                                      room(tiles, out.tiles.capacity),       room(segments, out.segments.capacity),
+                                      room(combines, out.combines.capacity), room(computes, out.compute_queue.capacity),
+                                      room(segments, out.comm_queue.capacity)};
+  const std::int64_t rows = c.expert_rows(r);
+  const bool rows_fit = rows >= 0 && (s.receive_rows == 0 || rows <= s.receive_rows);
+  if (rows_fit && fits[kTilesTable] && fits[kComputeQueueTable]) {
+    for (std::int64_t i = lane; i < tiles; i += lanes) {
+      out.tiles.data[i] = sequential_tile(c, s, m, tile_first, i);
+      out.compute_queue.data[i] = TaskRef{TaskKind::Gemm, static_cast<std::uint32_t>(i)};
+    }
+  }
+  if (fits[kCombinesTable] && fits[kComputeQueueTable]) {  // the top-k sums, after the whole combine all-to-all
+    for (std::int64_t i = lane; i < combines; i += lanes) {
+      CombineTask task;
+      task.token_begin = i * s.combine_tokens;
+      task.token_end = task.token_begin + s.combine_tokens < s.tokens ? task.token_begin + s.combine_tokens : s.tokens;
+      task.col_begin = 0;
+      task.col_end = s.hidden;
+      task.wait_begin = m.combine_wait_begin;
+      task.wait_count = static_cast<std::uint32_t>(W);
+      out.combines.data[i] = task;
+      out.compute_queue.data[tiles + i] = TaskRef{TaskKind::Combine, static_cast<std::uint32_t>(i)};
+    }
+  }
+  if (fits[kSegmentsTable] && fits[kCommQueueTable]) {
+    for (std::int64_t j = lane; j < segments; j += lanes) {
+      out.segments.data[j] = sequential_segment(c, s, m, static_cast<int>(j));
+      out.comm_queue.data[j] = TaskRef{TaskKind::Segment, static_cast<std::uint32_t>(j)};
+    }
+  }
+  if (fits[kWaitsTable]) {
+    for (std::uint32_t w = static_cast<std::uint32_t>(lane); w < m.waits; w += static_cast<std::uint32_t>(lanes)) {
+      out.waits.data[w] = sequential_wait(c, m, r, w);
+    }
+  }
+  if (fits[kExpertsTable]) {
+    for (int e = lane; e < L; e += lanes) out.experts.data[e] = LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)};
   }
   if (lane != 0) return;
 
   clear_plan(out);
   PlanHeader& h = out.header;
+  for (int t = 0; t < kPlanTableCount && h.overflow == 0; ++t) {
+    if (!fits[t]) h.overflow = static_cast<std::uint32_t>(t + 1);
+  }
+  if (h.overflow != 0) return;
+  if (!rows_fit) {
+    h.rows_exceed_room = 1;
+    return;
+  }
   h.expert_rows = c.expert_rows(r);
   h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = sequential_flag_count(W);
-  // the tiles the lanes wrote
-  if (tiles > out.tiles.capacity) {
-    h.overflow = kTilesTable + 1;
-  } else if (tiles > out.compute_queue.capacity) {
-    h.overflow = kComputeQueueTable + 1;
-  } else {
-    out.tiles.count = out.compute_queue.count = static_cast<std::uint32_t>(tiles);
-    h.layer_tiles[0] = static_cast<std::uint32_t>(m.layer_tiles[0]);
-    h.layer_tiles[1] = static_cast<std::uint32_t>(m.layer_tiles[1]);
-  }
-
-  for (int e = 0; e < L; ++e) {
-    plan_push(out.experts, LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)}, h, kExpertsTable);
-  }
-  // the waits, shared by every task of a phase, where the summary says
-  for (int p = 0; p < W; ++p) {
-    const int groups = c.groups_from(p, r);
-    if (groups > 0) plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(p), static_cast<std::uint32_t>(groups), p}, h, kWaitsTable);
-  }
-  for (int layer = 0; layer < 2; ++layer) {
-    if (m.real_tiles[layer] > 0) {
-      plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(W + layer), static_cast<std::uint32_t>(m.real_tiles[layer]), r}, h,
-                kWaitsTable);
-    }
-  }
-  for (int d = 0; d < W; ++d) {
-    const int groups = c.groups_from(r, d);
-    if (groups > 0) {
-      plan_push(out.waits, FlagWait{static_cast<std::uint32_t>(W + 2 + d), static_cast<std::uint32_t>(groups), d}, h, kWaitsTable);
-    }
-  }
-
-  // the top-k sums, after the whole combine all-to-all has landed
-  for (std::int64_t token = 0; token < s.tokens; token += s.combine_tokens) {
-    CombineTask task;
-    task.token_begin = token;
-    task.token_end = token + s.combine_tokens < s.tokens ? token + s.combine_tokens : s.tokens;
-    task.col_begin = 0;
-    task.col_end = s.hidden;
-    task.wait_begin = m.combine_wait_begin;
-    task.wait_count = m.combine_waits;
-    const std::uint32_t index = plan_push(out.combines, task, h, kCombinesTable);
-    plan_push(out.compute_queue, TaskRef{TaskKind::Combine, index}, h, kComputeQueueTable);
-  }
-
-  // the dispatch: this rank's permuted rows of each (destination, local expert) group
-  for (int step = 0; step < W; ++step) {
-    const int d = (r + step) % W;
-    for (int e = 0; e < L; ++e) {
-      const int rows = c.count(r, d * L + e);
-      if (rows == 0) continue;
-      Segment segment;
-      segment.src = BufferId::Input;
-      segment.dst = BufferId::ExpertIn;
-      segment.dest_rank = d;
-      segment.rows = rows;
-      segment.gather_begin = static_cast<std::uint32_t>(c.offset_of(r, d * L + e));
-      segment.gather_count = static_cast<std::uint32_t>(rows);
-      segment.dst_row = c.block_row(d, e, r);
-      segment.col_begin = 0;
-      segment.col_end = s.hidden;
-      segment.dest_flag = r;
-      const std::uint32_t index = plan_push(out.segments, segment, h, kSegmentsTable);
-      plan_push(out.comm_queue, TaskRef{TaskKind::Segment, index}, h, kCommQueueTable);
-    }
-  }
-  // the combine all-to-all, after the whole GEMM1: each (local expert, source) group back to its
-  // source, where it lands in the source's permuted order
-  for (int e = 0; e < L; ++e) {
-    for (int q = 0; q < W; ++q) {
-      const int rows = c.count(q, r * L + e);
-      if (rows == 0) continue;
-      Segment segment;
-      segment.src = BufferId::ExpertOut;
-      segment.dst = BufferId::CombineIn;
-      segment.dest_rank = q;
-      segment.rows = rows;
-      segment.src_row = c.block_row(r, e, q);
-      segment.dst_row = c.offset_of(q, r * L + e);
-      segment.col_begin = 0;
-      segment.col_end = s.hidden;
-      segment.wait_begin = m.layer_wait[1];
-      segment.wait_count = 1;
-      segment.dest_flag = W + 2 + r;
-      const std::uint32_t index = plan_push(out.segments, segment, h, kSegmentsTable);
-      plan_push(out.comm_queue, TaskRef{TaskKind::Segment, index}, h, kCommQueueTable);
-    }
-  }
+  h.layer_tiles[0] = static_cast<std::uint32_t>(m.layer_tiles[0]);
+  h.layer_tiles[1] = static_cast<std::uint32_t>(m.layer_tiles[1]);
+  out.experts.count = static_cast<std::uint32_t>(L);
+  out.waits.count = m.waits;
+  out.tiles.count = static_cast<std::uint32_t>(tiles);
+  out.segments.count = out.comm_queue.count = static_cast<std::uint32_t>(segments);
+  out.combines.count = static_cast<std::uint32_t>(combines);
+  out.compute_queue.count = static_cast<std::uint32_t>(computes);
 }
 
 }  // namespace tilemoe::plan_detail
