@@ -14,7 +14,7 @@
 // flag expects L signals whatever the routing.
 //
 // Every entry of every table is a function of its index and a few prefix sums over the local
-// experts (SequentialPrefix), so the GPU writes them a thread per entry: the prefix sums first
+// experts (sequential_prefix), so the GPU writes them a thread per entry: the prefix sums first
 // (the host serially, the device a warp-wide scan each), then compile_sequential_tables.
 #include <cstdint>
 
