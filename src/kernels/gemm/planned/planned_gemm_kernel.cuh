@@ -12,10 +12,10 @@
 //       smem, 16-byte stores of the entry's real rows, a barrier over the 256 threads, and one
 //       thread's release add on the entry's flag.
 // Entries are read straight from the table (or the plan's tiles) in global memory by both roles
-// (a 20- or 56-byte load per tile), so no scheduler warp and no smem pipeline of work tiles is needed. Which item a cluster
-// runs next is either a fixed stride (static fetch) or claimed from a device counter by the
-// loader of the cluster's rank-0 CTA and passed to every reader through a ring of smem slots
-// (dynamic fetch; PlannedItemRing).
+// (a 20- or 56-byte load per tile), so no scheduler warp and no smem pipeline of work tiles is
+// needed. Which item a cluster runs next is either a fixed stride (static fetch) or claimed from
+// a device counter by the loader of the cluster's rank-0 CTA and passed to every reader through
+// a ring of smem slots (dynamic fetch; PlannedItemRing).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
