@@ -102,15 +102,27 @@ TEST(PlanTables, TheRoomIsTheBoundAndAnOverflowIsNamed) {
   }
   EXPECT_THROW(checked_capacity({1, 1, std::int64_t{1} << 32, 1, 1, 1, 1}), Error);
 
-  // counts past the buffers' room (a failing exchange's): no tiles at all, and the plan says why
+  // counts past the buffers' room (a failing exchange's), with the room sized for the rows the
+  // layer holds as on the GPU: no tiles at all, and the plan says why (not "too small a room")
+  std::vector<int> many(counts.size());
+  for (std::size_t i = 0; i < many.size(); ++i) many[i] = 8 * counts[i];  // far more bands than a small room has
+  const HostStepCounts flood(many, world, experts);
   SequentialShape bounded = shape_of(0, 17, hidden, ffn, tile_m, tile_n, cuda::PlannedCluster::N2);
-  bounded.receive_rows = c.view().expert_rows(0) - 1;
-  HostPlanTables past(sequential_capacity(world, local, c.view().expert_rows(0), bounded.tokens, bounded));
-  compile_tables(c, bounded, past);
-  EXPECT_EQ(past.view().header.rows_exceed_room, 1u);
-  EXPECT_EQ(past.view().tiles.count, 0u);
-  StepPlan refused;
-  EXPECT_THROW(copy_plan_tables(past.view(), refused), Error);
+  for (const std::int64_t held : {std::int64_t{flood.view().expert_rows(0) - 1}, std::int64_t{1}}) {
+    bounded.receive_rows = held;
+    HostPlanTables past(sequential_capacity(world, local, held, bounded.tokens, bounded));
+    compile_tables(flood, bounded, past);
+    EXPECT_EQ(past.view().header.rows_exceed_room, 1u) << held << " rows held";
+    EXPECT_EQ(past.view().header.overflow, 0u) << held << " rows held";
+    EXPECT_EQ(past.view().tiles.count, 0u);
+    StepPlan refused;
+    try {
+      copy_plan_tables(past.view(), refused);
+      ADD_FAILURE() << "a plan of too many rows was copied";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("receive room"), std::string::npos) << e.what();
+    }
+  }
   bounded.receive_rows = c.view().expert_rows(0);
   HostPlanTables exact(sequential_capacity(world, local, c.view().expert_rows(0), bounded.tokens, bounded));
   compile_tables(c, bounded, exact);

@@ -256,14 +256,14 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
 
   clear_plan(out);
   PlanHeader& h = out.header;
+  if (!rows_fit) {  // before the room: the layer sized the room for the rows it can hold
+    h.rows_exceed_room = 1;
+    return;
+  }
   for (int t = 0; t < kPlanTableCount && h.overflow == 0; ++t) {
     if (!fits[t]) h.overflow = static_cast<std::uint32_t>(t + 1);
   }
   if (h.overflow != 0) return;
-  if (!rows_fit) {
-    h.rows_exceed_room = 1;
-    return;
-  }
   h.expert_rows = c.expert_rows(r);
   h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = sequential_flag_count(W);
