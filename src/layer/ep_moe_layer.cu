@@ -732,14 +732,7 @@ EpLayerTables EpMoeLayer::Impl::download_tables(cudaStream_t stream) const {
     plan.rank = rank;
     device_plan->download(own, [&](const char* what) { wait_for_own(what); }, plan);
     for (const GemmTile& tile : plan.tiles) {
-      if (tile.layer != 1) continue;
-      GemmTileEntry e;
-      e.group = tile.expert;
-      e.row_begin = static_cast<int>(tile.row_begin);
-      e.rows = static_cast<int>(tile.row_end - tile.row_begin);
-      e.col_tile = static_cast<int>(tile.col_begin / kPlannedTileN);
-      e.flag = tile.signal_flag;
-      t.gemm1.push_back(e);
+      if (tile.layer == 1) t.gemm1.push_back(entry_of_tile(tile, kPlannedTileN));
     }
     return t;
   }

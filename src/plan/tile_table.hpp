@@ -18,6 +18,7 @@
 
 #include "core/host_device.hpp"
 #include "plan/gpu_tables.hpp"
+#include "tilemoe/plan.hpp"
 
 namespace tilemoe::cuda {
 
@@ -83,6 +84,19 @@ TILEMOE_HOST_DEVICE inline GemmTileEntry decode_entry(int g, int begin, int rows
   const int block_rows = left < band_block * tile_m ? left : band_block * tile_m;
   return decode_block_entry(g, begin + first_band * tile_m, block_rows, band0 + first_band, local - block * per_block, index,
                             n_tiles, cluster, flags, tile_m);
+}
+
+// A plan's GEMM tile in the table's terms (what the planned GEMM reads when it walks a plan):
+// its expert is the group, its columns one output tile of `out_tile_cols` columns (256, or 128
+// for SwiGLU's GEMM0), its signal_flag the flag; a tile of no rows is a padding mate.
+TILEMOE_HOST_DEVICE inline GemmTileEntry entry_of_tile(const GemmTile& tile, int out_tile_cols) {
+  GemmTileEntry e;
+  e.group = tile.expert;
+  e.row_begin = static_cast<int>(tile.row_begin);
+  e.rows = static_cast<int>(tile.row_end - tile.row_begin);
+  e.col_tile = static_cast<int>(tile.col_begin / out_tile_cols);
+  e.flag = tile.signal_flag;
+  return e;
 }
 
 // The whole table on the host, groups from row_offset [groups + 1], `n_cols` GEMM columns in

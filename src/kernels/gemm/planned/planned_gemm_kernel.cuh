@@ -223,15 +223,7 @@ __device__ __forceinline__ unsigned long long planned_globaltimer() {
 // Table entry `index`: the table's, or the plan tile's in the table's terms (PlannedGemmRun::plan).
 template <int kOutTileCols>
 __device__ __forceinline__ GemmTileEntry planned_entry(const GemmTileEntry* table, const GemmTile* plan_tiles, int index) {
-  if (plan_tiles == nullptr) return table[index];
-  const GemmTile& t = plan_tiles[index];
-  GemmTileEntry e;
-  e.group = t.expert;
-  e.row_begin = int(t.row_begin);
-  e.rows = int(t.row_end - t.row_begin);
-  e.col_tile = int(t.col_begin / kOutTileCols);
-  e.flag = t.signal_flag;
-  return e;
+  return plan_tiles == nullptr ? table[index] : entry_of_tile(plan_tiles[index], kOutTileCols);
 }
 
 template <class Types, PlannedEpilogue kEpilogue>
