@@ -71,7 +71,9 @@ struct GemmTile {
 // `dest_rank` (which may be this rank), landing at rows [dst_row, dst_row + rows).
 // Source rows are [src_row, src_row + rows) or, when gather_count > 0, the rows listed at
 // StepPlan::gather_rows[gather_begin ...]. After the data is visible the segment raises
-// `dest_flag` on the destination rank (release); the reader acquires it.
+// `dest_flag` on the destination rank (release); the reader acquires it. A segment whose
+// `flag_per_row` is set raises a flag per row instead: dest_flag + i once row i has landed, so
+// that a reader may take each row as it comes (the destination's row arrival flags, below).
 struct Segment {
   BufferId src = BufferId::Input;
   BufferId dst = BufferId::ExpertIn;
@@ -83,15 +85,22 @@ struct Segment {
   std::int64_t col_begin = 0, col_end = 0;
   std::uint32_t wait_begin = 0, wait_count = 0;
   std::int32_t dest_flag = kNoFlag;
+  std::uint8_t flag_per_row = 0;
 };
 
 // Output[t][col_begin:col_end] = round(sum over slots j in order of
 //   combine_weight[t*k+j] * CombineIn[combine_source_row[t*k+j]][cols]) for t in the range;
 // a slot whose source row is -1 (dropped) contributes nothing.
+// Besides its waits, a task whose `waits_for_rows` is set waits, for each slot of its tokens
+// that reads CombineIn row x, for the row's arrival flag (StepPlan::row_arrival_flag + x, one
+// signal): it combines as soon as its own rows have landed, whichever ranks and segments carry
+// them. Which rows those are follows from the routing, so a counts-only compiler can name such
+// waits only this way.
 struct CombineTask {
   std::int64_t token_begin = 0, token_end = 0;
   std::int64_t col_begin = 0, col_end = 0;
   std::uint32_t wait_begin = 0, wait_count = 0;
+  std::uint8_t waits_for_rows = 0;
 };
 
 enum class TaskKind : std::uint8_t { Gemm, Segment, Combine };
@@ -120,6 +129,9 @@ struct StepPlan {
   std::int64_t expert_rows = 0;   // rows of ExpertIn / Activation / ExpertOut
   std::int64_t combine_rows = 0;  // rows of CombineIn
   std::uint32_t flag_count = 0;   // flags of this rank, ids [0, flag_count)
+  // CombineIn row x's arrival flag is row_arrival_flag + x (combine tasks that wait for their
+  // rows; segments that raise a flag per row); 0 when no task waits that way.
+  std::uint32_t row_arrival_flag = 0;
 
   std::vector<LocalExpert> experts;
   std::vector<RowRange> zero_rows;  // ExpertIn padding rows, zeroed before the step
@@ -159,6 +171,7 @@ struct PlanHeader {
   std::int64_t expert_rows = 0;
   std::int64_t combine_rows = 0;
   std::uint32_t flag_count = 0;
+  std::uint32_t row_arrival_flag = 0;  // as StepPlan's
   // The tiles table holds GEMM0's tiles [0, layer_tiles[0]), then GEMM1's: each GEMM's in the
   // order a GPU GEMM runs them (cluster mates adjacent), so that each GEMM walks its own range.
   std::uint32_t layer_tiles[2] = {0, 0};

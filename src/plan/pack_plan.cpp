@@ -27,7 +27,7 @@ struct Header {
   DType dtype;
   std::int32_t rank, world_size, compute_workers, comm_workers;
   std::int64_t tokens, hidden, ffn_hidden, top_k, tile_m, tile_n0, tile_n1, expert_rows, combine_rows;
-  std::uint32_t flag_count;
+  std::uint32_t flag_count, row_arrival_flag;
   TableRef tables[kTables];
 };
 static_assert(std::is_trivially_copyable_v<Header>);
@@ -72,6 +72,7 @@ std::vector<std::byte> pack_plan(const StepPlan& source) {
   header.expert_rows = plan.expert_rows;
   header.combine_rows = plan.combine_rows;
   header.flag_count = plan.flag_count;
+  header.row_arrival_flag = plan.row_arrival_flag;
   std::uint64_t at = align16(sizeof(Header));
   int t = 0;
   for_each_table(plan, [&](auto& table) {
@@ -116,6 +117,7 @@ StepPlan unpack_plan(const std::vector<std::byte>& blob) {
   plan.expert_rows = header.expert_rows;
   plan.combine_rows = header.combine_rows;
   plan.flag_count = header.flag_count;
+  plan.row_arrival_flag = header.row_arrival_flag;
   int t = 0;
   for_each_table(plan, [&](auto& table) {
     using T = typename std::decay_t<decltype(table)>::value_type;

@@ -79,6 +79,7 @@ void copy_plan_tables(const PlanTables& tables, StepPlan& plan) {
   plan.expert_rows = tables.header.expert_rows;
   plan.combine_rows = tables.header.combine_rows;
   plan.flag_count = tables.header.flag_count;
+  plan.row_arrival_flag = tables.header.row_arrival_flag;
   copy_table(tables.experts, plan.experts);
   copy_table(tables.waits, plan.waits);
   copy_table(tables.tiles, plan.tiles);
@@ -133,6 +134,7 @@ void fields(FieldDiff& d, const Segment& a, const Segment& b) {
   d.field("wait_begin", a.wait_begin, b.wait_begin);
   d.field("wait_count", a.wait_count, b.wait_count);
   d.field("dest_flag", a.dest_flag, b.dest_flag);
+  d.field("flag_per_row", a.flag_per_row, b.flag_per_row);
 }
 void fields(FieldDiff& d, const CombineTask& a, const CombineTask& b) {
   d.field("token_begin", a.token_begin, b.token_begin);
@@ -141,6 +143,7 @@ void fields(FieldDiff& d, const CombineTask& a, const CombineTask& b) {
   d.field("col_end", a.col_end, b.col_end);
   d.field("wait_begin", a.wait_begin, b.wait_begin);
   d.field("wait_count", a.wait_count, b.wait_count);
+  d.field("waits_for_rows", a.waits_for_rows, b.waits_for_rows);
 }
 void fields(FieldDiff& d, const TaskRef& a, const TaskRef& b) {
   d.field("kind", static_cast<int>(a.kind), static_cast<int>(b.kind));
@@ -164,6 +167,7 @@ std::string first_table_difference(const StepPlan& a, const StepPlan& b) {
   header.field("expert_rows", a.expert_rows, b.expert_rows);
   header.field("combine_rows", a.combine_rows, b.combine_rows);
   header.field("flag_count", a.flag_count, b.flag_count);
+  header.field("row_arrival_flag", a.row_arrival_flag, b.row_arrival_flag);
   if (!header.out.empty()) return "header: " + header.out;
   for (const std::string& d : {table_difference("experts", a.experts, b.experts), table_difference("waits", a.waits, b.waits),
                                table_difference("tiles", a.tiles, b.tiles), table_difference("segments", a.segments, b.segments),

@@ -4,7 +4,8 @@
 //  2. every buffer region that a step writes is written exactly once (ExpertIn by dispatch
 //     segments and padding, Activation and ExpertOut by GEMM tiles, CombineIn by segments,
 //     Output by combine tasks), and every task sits in exactly one queue once;
-//  3. every wait names a flag raised by exactly `expected` tasks, all of rank `from_rank`;
+//  3. every wait names a flag raised by exactly `expected` tasks, all of rank `from_rank`
+//     (a combine task's waits for its rows: each row's arrival flag raised exactly once);
 //  4. every read is ordered after the writes it reads: the writer raises a flag the reader
 //     waits for (a direct wait; the plans tilemoe compiles need no more, and a checker that
 //     demands it is simple enough to trust);
@@ -57,7 +58,14 @@ class PlanChecker {
   std::vector<std::int64_t> flag_base_;
   std::int64_t task_total_ = 0, flag_total_ = 0;
   std::vector<std::vector<std::int64_t>> signalers_;  // per global flag
-  std::vector<std::int64_t> signal_of_task_;           // global flag raised by a task, -1 none
+  // The flags a task raises: global flags [first, first + count), one for all its rows, or a
+  // flag per row (a segment's flag_per_row: row x's is first + x - row0).
+  struct Raised {
+    std::int64_t first = -1, count = 0, row0 = 0;
+    bool per_row = false;
+    std::int64_t flag_of_row(std::int64_t row) const { return per_row ? first + (row - row0) : first; }
+  };
+  std::vector<Raised> raised_;  // per task
   // writes_[rank][buffer][row]
   std::vector<std::vector<std::vector<std::vector<Written>>>> writes_;
 
@@ -185,13 +193,19 @@ class PlanChecker {
         reject(who + ": source rows outside " + std::string(buffer_name(s.src)) + " (" + std::to_string(p.buffer_rows(s.src)) + " rows)");
       }
       if (!rows_inside(s.dst_row, s.rows, d.buffer_rows(s.dst))) reject(who + ": destination rows outside rank " + std::to_string(s.dest_rank) + "'s " + std::string(buffer_name(s.dst)) + " (" + std::to_string(d.buffer_rows(s.dst)) + " rows)");
-      if (s.dest_flag != kNoFlag && (s.dest_flag < 0 || static_cast<std::uint32_t>(s.dest_flag) >= d.flag_count)) reject(who + ": raises flag " + std::to_string(s.dest_flag) + " of rank " + std::to_string(s.dest_rank) + "'s " + std::to_string(d.flag_count));
+      const std::int64_t raises = s.flag_per_row != 0 ? s.rows : 1;  // flags from dest_flag on
+      if (s.flag_per_row != 0 && s.dest_flag == kNoFlag) reject(who + ": raises a flag per row but names none");
+      if (s.dest_flag != kNoFlag && (s.dest_flag < 0 || s.dest_flag + raises > d.flag_count)) reject(who + ": raises flag " + std::to_string(s.dest_flag) + (s.flag_per_row != 0 ? " + " + std::to_string(s.rows) + " rows" : std::string()) + " of rank " + std::to_string(s.dest_rank) + "'s " + std::to_string(d.flag_count));
       check_waits_range(p, s.wait_begin, s.wait_count, who);
     }
     for (std::uint32_t i = 0; i < p.combines.size(); ++i) {
       const CombineTask& c = p.combines[i];
       const std::string who = describe_task(p, {TaskKind::Combine, i});
       if (c.token_begin < 0 || c.token_end > p.tokens || c.token_begin >= c.token_end) reject(who + ": tokens outside 0.." + std::to_string(p.tokens));
+      if (c.waits_for_rows != 0 && static_cast<std::int64_t>(p.row_arrival_flag) + p.combine_rows > p.flag_count) {
+        reject(who + ": waits for its rows' arrival flags " + std::to_string(p.row_arrival_flag) + " + " + std::to_string(p.combine_rows) +
+               " rows, past the rank's " + std::to_string(p.flag_count) + " flags");
+      }
       if (c.col_begin < 0 || c.col_end > p.hidden || c.col_begin >= c.col_end) reject(who + ": columns outside 0.." + std::to_string(p.hidden));
       check_waits_range(p, c.wait_begin, c.wait_count, who);
     }
@@ -226,22 +240,23 @@ class PlanChecker {
 
   void collect_signals() {
     signalers_.assign(static_cast<std::size_t>(flag_total_), {});
-    signal_of_task_.assign(static_cast<std::size_t>(task_total_), -1);
+    raised_.assign(static_cast<std::size_t>(task_total_), {});
+    auto raise = [&](std::int64_t task, Raised r) {
+      for (std::int64_t f = r.first; f < r.first + r.count; ++f) signalers_[static_cast<std::size_t>(f)].push_back(task);
+      raised_[static_cast<std::size_t>(task)] = r;
+    };
     for (int r = 0; r < world(); ++r) {
       const StepPlan& p = plans_[static_cast<std::size_t>(r)];
       for (std::uint32_t i = 0; i < p.tiles.size(); ++i) {
         if (p.tiles[i].signal_flag == kNoFlag) continue;
-        const std::int64_t f = flag_id(r, static_cast<std::uint32_t>(p.tiles[i].signal_flag));
-        const std::int64_t t = task_id(r, {TaskKind::Gemm, i});
-        signalers_[static_cast<std::size_t>(f)].push_back(t);
-        signal_of_task_[static_cast<std::size_t>(t)] = f;
+        raise(task_id(r, {TaskKind::Gemm, i}), Raised{flag_id(r, static_cast<std::uint32_t>(p.tiles[i].signal_flag)), 1, 0, false});
       }
       for (std::uint32_t i = 0; i < p.segments.size(); ++i) {
-        if (p.segments[i].dest_flag == kNoFlag) continue;
-        const std::int64_t f = flag_id(p.segments[i].dest_rank, static_cast<std::uint32_t>(p.segments[i].dest_flag));
-        const std::int64_t t = task_id(r, {TaskKind::Segment, i});
-        signalers_[static_cast<std::size_t>(f)].push_back(t);
-        signal_of_task_[static_cast<std::size_t>(t)] = f;
+        const Segment& s = p.segments[i];
+        if (s.dest_flag == kNoFlag) continue;
+        const std::int64_t first = flag_id(s.dest_rank, static_cast<std::uint32_t>(s.dest_flag));
+        raise(task_id(r, {TaskKind::Segment, i}),
+              s.flag_per_row != 0 ? Raised{first, s.rows, s.dst_row, true} : Raised{first, 1, 0, false});
       }
     }
     // One flag, one signalling rank: a timed-out wait can then name the peer that stalled.
@@ -264,9 +279,27 @@ class PlanChecker {
     }
   }
 
+  // The CombineIn rows a combine task reads, when it waits for their arrival flags.
+  template <typename F>
+  void for_each_awaited_row(const StepPlan& p, TaskRef ref, F&& f) const {
+    if (ref.kind != TaskKind::Combine || p.combines[ref.index].waits_for_rows == 0) return;
+    const CombineTask& c = p.combines[ref.index];
+    for (std::int64_t slot = c.token_begin * p.top_k; slot < c.token_end * p.top_k; ++slot) {
+      const std::int64_t row = p.combine_source_row[static_cast<std::size_t>(slot)];
+      if (row >= 0) f(row);
+    }
+  }
+
   void check_waits() {
     for_each_task([&](int r, TaskRef ref, std::uint32_t begin, std::uint32_t count) {
       const StepPlan& p = plans_[static_cast<std::size_t>(r)];
+      for_each_awaited_row(p, ref, [&](std::int64_t row) {
+        const auto& who = signalers_[static_cast<std::size_t>(flag_id(r, p.row_arrival_flag) + row)];
+        if (who.size() != 1) {
+          reject(describe_task(p, ref) + " waits for CombineIn row " + std::to_string(row) + " to land (flag " +
+                 std::to_string(p.row_arrival_flag + row) + ") but " + std::to_string(who.size()) + " tasks raise it, not one");
+        }
+      });
       for (std::uint32_t i = begin; i < begin + count; ++i) {
         const FlagWait& w = p.waits[i];
         const auto& who = signalers_[static_cast<std::size_t>(flag_id(r, w.flag))];
@@ -343,8 +376,8 @@ class PlanChecker {
     if (buffer == BufferId::Input) return;  // written before the step
     for (const Written& w : writes_[static_cast<std::size_t>(rank)][static_cast<std::size_t>(buffer)][static_cast<std::size_t>(row)]) {
       if (w.col_end <= c0 || w.col_begin >= c1 || w.writer < 0) continue;
-      const std::int64_t flag = signal_of_task_[static_cast<std::size_t>(w.writer)];
-      if (flag < 0 || !waited.count(flag)) {
+      const Raised& raised = raised_[static_cast<std::size_t>(w.writer)];
+      if (raised.count == 0 || !waited.count(raised.flag_of_row(row))) {
         reject(name(reader) + " reads " + std::string(buffer_name(buffer)) + " row " + std::to_string(row) + " written by " + name(w.writer) + " without waiting for it (a race)");
       }
     }
@@ -355,6 +388,7 @@ class PlanChecker {
       const StepPlan& p = plans_[static_cast<std::size_t>(r)];
       std::unordered_set<std::int64_t> waited;
       for (std::uint32_t i = begin; i < begin + count; ++i) waited.insert(flag_id(r, p.waits[i].flag));
+      for_each_awaited_row(p, ref, [&](std::int64_t row) { waited.insert(flag_id(r, p.row_arrival_flag) + row); });
       const std::int64_t me = task_id(r, ref);
       if (ref.kind == TaskKind::Gemm) {
         const GemmTile& t = p.tiles[ref.index];
@@ -386,11 +420,13 @@ class PlanChecker {
       ++indegree[static_cast<std::size_t>(b)];
     };
     for (std::int64_t t = 0; t < task_total_; ++t) {
-      if (signal_of_task_[static_cast<std::size_t>(t)] >= 0) edge(t, task_total_ + signal_of_task_[static_cast<std::size_t>(t)]);
+      const Raised& raised = raised_[static_cast<std::size_t>(t)];
+      for (std::int64_t f = raised.first; f < raised.first + raised.count; ++f) edge(t, task_total_ + f);
     }
     for_each_task([&](int r, TaskRef ref, std::uint32_t begin, std::uint32_t count) {
       const StepPlan& p = plans_[static_cast<std::size_t>(r)];
       for (std::uint32_t i = begin; i < begin + count; ++i) edge(task_total_ + flag_id(r, p.waits[i].flag), task_id(r, ref));
+      for_each_awaited_row(p, ref, [&](std::int64_t row) { edge(task_total_ + flag_id(r, p.row_arrival_flag) + row, task_id(r, ref)); });
     });
     for (int r = 0; r < world(); ++r) {
       const StepPlan& p = plans_[static_cast<std::size_t>(r)];

@@ -15,6 +15,10 @@ std::vector<StepPlan> compile_sequential_at(const EpWorld& world, const std::vec
                                             const SequentialShape& tiling);
 std::vector<StepPlan> compile_tile_signal(const EpWorld& world, const std::vector<Routing>& routing,
                                           const PlanOptions& options);
+// The same at another tiling (the GPU's), as compile_sequential_at.
+struct TileSignalShape;
+std::vector<StepPlan> compile_tile_signal_at(const EpWorld& world, const std::vector<Routing>& routing, const PlanOptions& options,
+                                             const TileSignalShape& tiling);
 std::vector<StepPlan> compile_comet(const EpWorld& world, const std::vector<Routing>& routing,
                                     const PlanOptions& options);
 

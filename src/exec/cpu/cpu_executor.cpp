@@ -50,6 +50,7 @@ class StepRunner {
     }
     transport_.set_link_rate(options.link_gbps * 1e9);
     allocate(inputs);
+    find_row_senders();
   }
 
   StepRun run() {
@@ -105,10 +106,14 @@ class StepRunner {
   // name the peer they lead to, not just the first wait that happened to expire.
   struct WorkerState {
     int rank = 0;
-    std::atomic<std::uint32_t> wait_index{kIdle};
+    std::atomic<std::uint32_t> wait_index{kIdle};  // into the plan's waits, or kRowWait
+    std::atomic<std::int64_t> row{0};              // the CombineIn row awaited, at kRowWait
     std::atomic<std::uint64_t> task{0};
   };
-  static constexpr std::uint32_t kIdle = ~0u;
+  static constexpr std::uint32_t kIdle = ~0u, kRowWait = ~0u - 1;
+  // row_sender_[rank][row]: the rank whose segment raises CombineIn row's arrival flag (for the
+  // waits of combine tasks on their rows, which name no rank of their own); -1 none
+  std::vector<std::vector<int>> row_sender_;
   std::vector<WorkerState> states_;
   Clock::time_point start_;
   std::mutex error_mutex_;
@@ -170,6 +175,21 @@ class StepRunner {
     }
   }
 
+  void find_row_senders() {
+    row_sender_.resize(plans_.size());
+    for (std::size_t r = 0; r < plans_.size(); ++r) row_sender_[r].assign(static_cast<std::size_t>(plans_[r].combine_rows), -1);
+    for (const StepPlan& p : plans_) {
+      for (const Segment& s : p.segments) {
+        if (s.flag_per_row == 0 || s.dst != BufferId::CombineIn) continue;
+        const StepPlan& d = plans_[static_cast<std::size_t>(s.dest_rank)];
+        for (std::int64_t i = 0; i < s.rows; ++i) {
+          const std::int64_t row = s.dest_flag + i - static_cast<std::int64_t>(d.row_arrival_flag);
+          if (row >= 0 && row < d.combine_rows) row_sender_[static_cast<std::size_t>(s.dest_rank)][static_cast<std::size_t>(row)] = p.rank;
+        }
+      }
+    }
+  }
+
   void fail(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(error_mutex_);
     if (first_error_) return;
@@ -198,7 +218,14 @@ class StepRunner {
       if (w == kIdle) continue;
       const std::uint64_t packed = state.task.load(std::memory_order_acquire);
       const StepPlan& p = plans_[static_cast<std::size_t>(state.rank)];
-      const Blocked b{state.rank, TaskRef{static_cast<TaskKind>(packed >> 32), static_cast<std::uint32_t>(packed)}, p.waits[w]};
+      FlagWait wait;
+      if (w == kRowWait) {  // a combine task's wait for one of its rows
+        const std::int64_t row = state.row.load(std::memory_order_acquire);
+        wait = FlagWait{p.row_arrival_flag + static_cast<std::uint32_t>(row), 1, sender_of(state.rank, row)};
+      } else {
+        wait = p.waits[w];
+      }
+      const Blocked b{state.rank, TaskRef{static_cast<TaskKind>(packed >> 32), static_cast<std::uint32_t>(packed)}, wait};
       blocked.push_back(b);
       if (b.wait.from_rank != b.rank) ++blame[b.wait.from_rank];
     }
@@ -276,7 +303,24 @@ class StepRunner {
       state.wait_index.store(i, std::memory_order_release);
       transport_.wait(p.rank, w.flag, w.expected, w.from_rank, [&] { return describe_task(p, task); });
     }
+    if (task.kind == TaskKind::Combine && p.combines[task.index].waits_for_rows != 0) {
+      const CombineTask& c = p.combines[task.index];
+      for (std::int64_t slot = c.token_begin * p.top_k; slot < c.token_end * p.top_k; ++slot) {
+        const std::int64_t row = p.combine_source_row[static_cast<std::size_t>(slot)];
+        if (row < 0) continue;
+        state.row.store(row, std::memory_order_relaxed);
+        state.wait_index.store(kRowWait, std::memory_order_release);
+        transport_.wait(p.rank, p.row_arrival_flag + static_cast<std::uint32_t>(row), 1, sender_of(p.rank, row),
+                        [&] { return describe_task(p, task) + ", CombineIn row " + std::to_string(row); });
+      }
+    }
     state.wait_index.store(kIdle, std::memory_order_release);
+  }
+
+  int sender_of(int rank, std::int64_t row) const {
+    const auto& senders = row_sender_[static_cast<std::size_t>(rank)];
+    const int sender = row >= 0 && row < static_cast<std::int64_t>(senders.size()) ? senders[static_cast<std::size_t>(row)] : -1;
+    return sender >= 0 ? sender : rank;
   }
 
   void execute(const StepPlan& p, TaskRef task, std::vector<float>& scratch) {
@@ -324,8 +368,9 @@ class StepRunner {
       transport_.put(p.rank, s.dest_rank, handle_[static_cast<int>(s.dst)],
                      static_cast<std::size_t>(s.dst_row + i) * dst_row_bytes + col_offset,
                      src + static_cast<std::size_t>(row) * src_row_bytes + col_offset, bytes);
+      if (s.flag_per_row != 0) transport_.signal(s.dest_rank, static_cast<std::uint32_t>(s.dest_flag + i));
     }
-    if (s.dest_flag != kNoFlag) transport_.signal(s.dest_rank, static_cast<std::uint32_t>(s.dest_flag));
+    if (s.dest_flag != kNoFlag && s.flag_per_row == 0) transport_.signal(s.dest_rank, static_cast<std::uint32_t>(s.dest_flag));
   }
 
   void run_combine(const StepPlan& p, const CombineTask& c, std::vector<float>& scratch) {

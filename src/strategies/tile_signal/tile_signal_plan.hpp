@@ -1,0 +1,313 @@
+#pragma once
+// tile_signal's compiler (ICPP 2026; systems.md section 1): one code path from every rank's
+// per-expert counts to one rank's plan, for the host (compile_plan) and the device alike, an
+// entry per thread as the sequential compiler is (sequential_plan.hpp).
+//
+// The schedule: the dispatch and GEMM0 as in `sequential`, and the same rows (each local
+// expert's rows grouped by source rank, ascending, no padding), so the output is bitwise the
+// sequential one. A band is tile_m consecutive rows of one expert; it may hold rows of several
+// owners. GEMM1 runs in the planned GEMM's table order on 1x2 pairs (each expert's bands in
+// blocks of band_block), the pairs of bands holding other ranks' rows first (a stable
+// partition), and each tile raises its band's flag. The communication worker takes the bands in
+// the same remote-first order, bands_per_segment at a time: each band waits for its segment's
+// bands and ships its rows back, a piece per source rank, each row raising its own arrival flag
+// at the owner. An owner combines a token chunk as soon as the rows it reads have landed.
+//
+// Flags of rank r: [0, W) the dispatch arrivals from sender p, W the GEMM0 tiles, then one per
+// CombineIn row (row_arrival_flag = W + 1), then one per band of r's rows in row order.
+// Waits: [0, W) one per sender, W all of GEMM0 (if r has rows), then one per band in the
+// remote-first order (a segment's bands are consecutive waits).
+//
+// Where a band stands in the remote-first order is a closed form: the bands of expert e that
+// hold only this rank's rows are one run [lo, hi) of its bands (its rows are grouped by source),
+// so the remote ones before any band or pair follow from lo, hi and per-expert prefix sums.
+#include <cstdint>
+
+#include "strategies/sequential/sequential_plan.hpp"
+
+namespace tilemoe::plan_detail {
+
+struct TileSignalShape {
+  SequentialShape gemm;       // tiling, tokens and room; its cluster must be N2 (pairs)
+  int bands_per_segment = 1;  // the bands a communication segment waits for at once
+};
+
+// Expert e's bands [lo, hi) that hold rows of rank s.rank only.
+struct OwnBands {
+  int lo = 0, hi = 0;
+};
+TILEMOE_HOST_DEVICE inline OwnBands own_bands(const StepCounts& c, int r, int e, int tile_m) {
+  const int rows = c.local_rows(r, e), bands = cuda::tile_ceil_div(rows, tile_m);
+  const int a = c.block_row(r, e, r) - c.expert_row(r, e), z = a + c.count(r, r * c.local_experts + e);
+  OwnBands own;
+  own.lo = cuda::tile_ceil_div(a, tile_m);
+  own.hi = z == rows ? bands : z / tile_m;
+  if (own.hi < own.lo) own.hi = own.lo;
+  return own;
+}
+// Bands [x, y) of an expert that hold other ranks' rows.
+TILEMOE_HOST_DEVICE inline int remote_bands(OwnBands own, int x, int y) {
+  const int lo = own.lo > x ? own.lo : x, hi = own.hi < y ? own.hi : y;
+  return (y - x) - (hi > lo ? hi - lo : 0);
+}
+
+TILEMOE_HOST_DEVICE inline int tile_signal_pairs(const SequentialShape& s) { return cuda::tile_ceil_div(sequential_column_tiles(s, 1), 2); }
+
+// Prefix sums: the sequential ones (sequential_prefix), then remote[e] = GEMM1 pairs of remote
+// bands of the experts before e (e = L: all of them). Room: tile_signal_prefix_size(L).
+TILEMOE_HOST_DEVICE inline int tile_signal_prefix_size(int local_experts) { return sequential_prefix_size(local_experts) + local_experts + 1; }
+TILEMOE_HOST_DEVICE inline int tile_signal_remote_pairs(const StepCounts& c, const SequentialShape& s, int e) {
+  const OwnBands own = own_bands(c, s.rank, e, static_cast<int>(s.tile_m));
+  return tile_signal_pairs(s) * remote_bands(own, 0, cuda::tile_ceil_div(c.local_rows(s.rank, e), static_cast<int>(s.tile_m)));
+}
+inline void tile_signal_prefix(const StepCounts& c, const SequentialShape& s, int* prefix) {
+  sequential_prefix(c, s, prefix);
+  int* remote = prefix + sequential_prefix_size(c.local_experts);
+  int running = 0;
+  for (int e = 0; e < c.local_experts; ++e) {
+    remote[e] = running;
+    running += tile_signal_remote_pairs(c, s, e);
+  }
+  remote[c.local_experts] = running;
+}
+
+// The last expert e with value(e) <= index (experts with nothing share their successor's value).
+template <typename Value>
+TILEMOE_HOST_DEVICE inline int expert_at(int experts, int index, Value value) {
+  int lo = 0, hi = experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (value(mid) <= index) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// What the tables are indexed by, from the prefix sums (O(1) per thread).
+struct TileSignalSummary {
+  SequentialSummary seq;       // GEMM tiles per layer (its waits layout is not this plan's)
+  int pairs = 0;               // GEMM1 column pairs
+  int bands = 0, remote_bands = 0;
+  std::uint32_t row_arrival_flag = 0, band_flag = 0, flag_count = 0;
+  std::uint32_t band_wait = 0, waits = 0;
+};
+
+TILEMOE_HOST_DEVICE inline TileSignalSummary summarize_tile_signal(const StepCounts& c, const SequentialShape& s, const int* prefix) {
+  const int W = c.world, L = c.local_experts;
+  TileSignalSummary m;
+  m.seq = summarize_sequential(c, prefix);
+  m.pairs = tile_signal_pairs(s);
+  m.bands = prefix[(L + 2) + L] / (2 * m.pairs);
+  m.remote_bands = prefix[sequential_prefix_size(L) + L] / m.pairs;
+  m.row_arrival_flag = static_cast<std::uint32_t>(W + 1);
+  m.band_flag = m.row_arrival_flag + static_cast<std::uint32_t>(c.offset_of(s.rank, c.experts));
+  m.flag_count = m.band_flag + static_cast<std::uint32_t>(m.bands);
+  m.band_wait = static_cast<std::uint32_t>(W) + (m.seq.real_tiles[0] > 0 ? 1u : 0u);
+  m.waits = m.band_wait + static_cast<std::uint32_t>(m.bands);
+  return m;
+}
+
+// A band of rank s.rank's rows: expert e's band m, numbered `id` in row order across experts.
+struct PlanBand {
+  int expert = 0, m = 0, id = 0;
+  int row_begin = 0, rows = 0;
+};
+
+// The band at place `b` of the remote-first order.
+TILEMOE_HOST_DEVICE inline PlanBand tile_signal_band(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
+                                                     const int* prefix, int b) {
+  const int L = c.local_experts, r = s.rank, tm = static_cast<int>(s.tile_m);
+  const int* first = prefix + (L + 2);                              // GEMM1 entries before expert e (2 x pairs x bands)
+  const int* remote = prefix + sequential_prefix_size(L);           // remote pairs before expert e
+  const auto bands_before = [&](int e) { return first[e] / (2 * m.pairs); };
+  const auto remote_before = [&](int e) { return remote[e] / m.pairs; };
+  PlanBand band;
+  if (b < m.remote_bands) {
+    band.expert = expert_at(L, b, remote_before);
+    const OwnBands own = own_bands(c, r, band.expert, tm);
+    const int j = b - remote_before(band.expert);
+    band.m = j < own.lo ? j : j + (own.hi - own.lo);
+  } else {
+    const int j = b - m.remote_bands;
+    band.expert = expert_at(L, j, [&](int e) { return bands_before(e) - remote_before(e); });
+    const OwnBands own = own_bands(c, r, band.expert, tm);
+    band.m = own.lo + j - (bands_before(band.expert) - remote_before(band.expert));
+  }
+  band.id = bands_before(band.expert) + band.m;
+  band.row_begin = c.expert_row(r, band.expert) + band.m * tm;
+  const int left = c.local_rows(r, band.expert) - band.m * tm;
+  band.rows = left < tm ? left : tm;
+  return band;
+}
+
+// GEMM1's entry `index` of the sequential order, and where the remote-first order puts it
+// (*place, counted within GEMM1).
+TILEMOE_HOST_DEVICE inline GemmTile tile_signal_gemm1_tile(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
+                                                           const int* prefix, int index, int* place) {
+  const int W = c.world, L = c.local_experts, r = s.rank, tm = static_cast<int>(s.tile_m);
+  const int* first = prefix + (L + 2);
+  const int* remote = prefix + sequential_prefix_size(L);
+  const int e = expert_at(L, index, [&](int x) { return first[x]; });
+  const int rows = c.local_rows(r, e), bands = cuda::tile_ceil_div(rows, tm);
+  const int local = index - first[e], pair = local / 2, mate = local % 2;
+  const cuda::GemmTileEntry entry =
+      cuda::decode_entry(e, c.expert_row(r, e), rows, first[e] / (2 * m.pairs), local, index, sequential_column_tiles(s, 1),
+                         cuda::PlannedCluster::N2, cuda::TileFlags::PerBand, s.band_block[1], tm);
+  // the pair's band and the remote pairs before it in the expert's order: blocks of `block`
+  // bands, in a block column pair after column pair, the block's bands fastest
+  const int block = s.band_block[1] <= 0 || s.band_block[1] >= bands ? bands : s.band_block[1];
+  const int k = pair / (block * m.pairs), j = pair - k * block * m.pairs;
+  const int in_block = bands - k * block < block ? bands - k * block : block;
+  const int band = k * block + j % in_block;
+  const OwnBands own = own_bands(c, r, e, tm);
+  const int remote_before = m.pairs * remote_bands(own, 0, k * block) + (j / in_block) * remote_bands(own, k * block, k * block + in_block) +
+                            remote_bands(own, k * block, band);
+  const bool is_remote = remote_bands(own, band, band + 1) == 1;
+  const int pair_place = is_remote ? remote[e] + remote_before
+                                   : remote[L] + (first[e] / 2 - remote[e]) + (pair - remote_before);
+  *place = 2 * pair_place + mate;
+  GemmTile tile;
+  tile.layer = 1;
+  tile.expert = e;
+  tile.row_begin = entry.row_begin;
+  tile.row_end = entry.row_begin + entry.rows;
+  tile.col_begin = static_cast<std::int64_t>(entry.col_tile) * s.tile_n[1];
+  tile.col_end = tile.col_begin + s.tile_n[1] < s.hidden ? tile.col_begin + s.tile_n[1] : s.hidden;
+  tile.signal_flag = entry.rows > 0 ? static_cast<std::int32_t>(m.band_flag) + entry.flag : kNoFlag;
+  tile.wait_begin = static_cast<std::uint32_t>(W);  // all of GEMM0 (which has tiles: the rows are the same)
+  tile.wait_count = 1;
+  return tile;
+}
+
+// Piece `q` of the band at place `b`: its rows of source rank q (maybe none), back where they
+// land in q's CombineIn, each raising its arrival flag there; after the bands of b's segment.
+TILEMOE_HOST_DEVICE inline Segment tile_signal_piece(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
+                                                     const int* prefix, int bands_per_segment, int b, int q) {
+  const int L = c.local_experts, r = s.rank;
+  const PlanBand band = tile_signal_band(c, s, m, prefix, b);
+  const int block = c.block_row(r, band.expert, q), block_end = block + c.count(q, r * L + band.expert);
+  const int lo = band.row_begin > block ? band.row_begin : block;
+  const int hi = band.row_begin + band.rows < block_end ? band.row_begin + band.rows : block_end;
+  Segment segment;
+  segment.src = BufferId::ExpertOut;
+  segment.dst = BufferId::CombineIn;
+  segment.dest_rank = q;
+  segment.rows = hi > lo ? hi - lo : 0;
+  segment.src_row = hi > lo ? lo : band.row_begin;  // an empty piece still names its band
+  segment.dst_row = c.offset_of(q, r * L + band.expert) + (hi > lo ? lo - block : 0);
+  segment.col_begin = 0;
+  segment.col_end = s.hidden;
+  const int first = b - b % bands_per_segment;
+  segment.wait_begin = m.band_wait + static_cast<std::uint32_t>(first);
+  segment.wait_count = static_cast<std::uint32_t>(m.bands - first < bands_per_segment ? m.bands - first : bands_per_segment);
+  segment.dest_flag = static_cast<std::int32_t>(m.row_arrival_flag + segment.dst_row);  // the same numbering on every rank
+  segment.flag_per_row = 1;
+  return segment;
+}
+
+// Wait `w` of the plan.
+TILEMOE_HOST_DEVICE inline FlagWait tile_signal_wait(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
+                                                     const int* prefix, std::uint32_t w) {
+  const int W = c.world, L = c.local_experts;
+  const auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
+  if (w < u(W)) return FlagWait{w, u(L), static_cast<std::int32_t>(w)};
+  if (w < m.band_wait) return FlagWait{u(W), u(m.seq.real_tiles[0]), s.rank};
+  const PlanBand band = tile_signal_band(c, s, m, prefix, static_cast<int>(w - m.band_wait));
+  return FlagWait{m.band_flag + u(band.id), u(sequential_column_tiles(s, 1)), s.rank};
+}
+
+// Room for any step (as sequential_capacity): the band waits and each band's W pieces besides.
+inline PlanCapacity tile_signal_capacity(int world, int local_experts, std::int64_t max_rows, std::int64_t max_tokens,
+                                         const SequentialShape& shape) {
+  const std::int64_t bands = max_rows / shape.tile_m + local_experts;
+  const std::int64_t tiles = (max_rows / shape.tile_m + 2LL * local_experts) *
+                             (sequential_column_tiles(shape, 0) + 1 + sequential_column_tiles(shape, 1) + 1);
+  const std::int64_t combines = ceil_div64(max_tokens, shape.combine_tokens);
+  const std::int64_t segments = 1LL * world * local_experts + bands * world;
+  return checked_capacity({local_experts, world + 1 + bands, tiles, segments, combines, tiles + combines, segments});
+}
+
+// Lane `lane` of `lanes` writes entries lane, lane + lanes, ... of every table (as
+// compile_sequential_tables); `prefix` (tile_signal_prefix) is complete before any lane starts.
+TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, const TileSignalShape& shape, const int* prefix,
+                                                           PlanTables& out, int lane = 0, int lanes = 1) {
+  const SequentialShape& s = shape.gemm;
+  const int W = c.world, L = c.local_experts, r = s.rank;
+  const TileSignalSummary m = summarize_tile_signal(c, s, prefix);
+  const std::int64_t gemm0 = m.seq.layer_tiles[0], tiles = gemm0 + m.seq.layer_tiles[1];
+  const std::int64_t dispatch = 1LL * W * L, segments = dispatch + 1LL * m.bands * W;
+  const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
+  const std::int64_t computes = tiles + combines;
+  const auto room = [](std::int64_t entries, std::uint32_t capacity) { return entries <= static_cast<std::int64_t>(capacity); };
+  const bool fits[kPlanTableCount] = {room(L, out.experts.capacity),         room(m.waits, out.waits.capacity),
+                                      room(tiles, out.tiles.capacity),       room(segments, out.segments.capacity),
+                                      room(combines, out.combines.capacity), room(computes, out.compute_queue.capacity),
+                                      room(segments, out.comm_queue.capacity)};
+  const std::int64_t rows = c.expert_rows(r);
+  const bool rows_fit = rows >= 0 && (s.receive_rows == 0 || rows <= s.receive_rows);
+  if (rows_fit && fits[kTilesTable] && fits[kComputeQueueTable]) {
+    for (std::int64_t i = lane; i < tiles; i += lanes) {
+      if (i < gemm0) {
+        out.tiles.data[i] = sequential_tile(c, s, m.seq, prefix, i);
+      } else {
+        int place = 0;
+        const GemmTile tile = tile_signal_gemm1_tile(c, s, m, prefix, static_cast<int>(i - gemm0), &place);
+        out.tiles.data[gemm0 + place] = tile;
+      }
+      out.compute_queue.data[i] = TaskRef{TaskKind::Gemm, static_cast<std::uint32_t>(i)};
+    }
+  }
+  if (fits[kCombinesTable] && fits[kComputeQueueTable]) {  // each chunk once its rows have landed
+    for (std::int64_t i = lane; i < combines; i += lanes) {
+      CombineTask task;
+      task.token_begin = i * s.combine_tokens;
+      task.token_end = task.token_begin + s.combine_tokens < s.tokens ? task.token_begin + s.combine_tokens : s.tokens;
+      task.col_begin = 0;
+      task.col_end = s.hidden;
+      task.waits_for_rows = 1;
+      out.combines.data[i] = task;
+      out.compute_queue.data[tiles + i] = TaskRef{TaskKind::Combine, static_cast<std::uint32_t>(i)};
+    }
+  }
+  if (rows_fit && fits[kSegmentsTable] && fits[kCommQueueTable]) {
+    for (std::int64_t j = lane; j < segments; j += lanes) {
+      out.segments.data[j] = j < dispatch ? sequential_segment(c, s, m.seq, static_cast<int>(j))
+                                          : tile_signal_piece(c, s, m, prefix, shape.bands_per_segment,
+                                                              static_cast<int>((j - dispatch) / W), static_cast<int>((j - dispatch) % W));
+      out.comm_queue.data[j] = TaskRef{TaskKind::Segment, static_cast<std::uint32_t>(j)};
+    }
+  }
+  if (rows_fit && fits[kWaitsTable]) {
+    for (std::uint32_t w = static_cast<std::uint32_t>(lane); w < m.waits; w += static_cast<std::uint32_t>(lanes)) {
+      out.waits.data[w] = tile_signal_wait(c, s, m, prefix, w);
+    }
+  }
+  if (fits[kExpertsTable]) {
+    for (int e = lane; e < L; e += lanes) out.experts.data[e] = LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)};
+  }
+  if (lane != 0) return;
+
+  clear_plan(out);
+  PlanHeader& h = out.header;
+  if (!rows_fit) {
+    h.rows_exceed_room = 1;
+    return;
+  }
+  for (int t = 0; t < kPlanTableCount && h.overflow == 0; ++t) {
+    if (!fits[t]) h.overflow = static_cast<std::uint32_t>(t + 1);
+  }
+  if (h.overflow != 0) return;
+  h.expert_rows = rows;
+  h.combine_rows = c.offset_of(r, c.experts);
+  h.flag_count = m.flag_count;
+  h.row_arrival_flag = m.row_arrival_flag;
+  h.layer_tiles[0] = static_cast<std::uint32_t>(m.seq.layer_tiles[0]);
+  h.layer_tiles[1] = static_cast<std::uint32_t>(m.seq.layer_tiles[1]);
+  out.experts.count = static_cast<std::uint32_t>(L);
+  out.waits.count = m.waits;
+  out.tiles.count = static_cast<std::uint32_t>(tiles);
+  out.segments.count = out.comm_queue.count = static_cast<std::uint32_t>(segments);
+  out.combines.count = static_cast<std::uint32_t>(combines);
+  out.compute_queue.count = static_cast<std::uint32_t>(computes);
+}
+
+}  // namespace tilemoe::plan_detail
