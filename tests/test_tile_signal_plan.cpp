@@ -77,7 +77,9 @@ TEST(TileSignalPlan, IsTheScheduleTheGpuBuilds) {
       block_offset.push_back(c.view().expert_rows(rank));
       const cuda::TileSignalTables gpu =
           cuda::tile_signal_tables(row_offset, block_offset, world, rank, static_cast<int>(hidden), band_block, tile_m, tile_n);
-      const std::uint32_t band_flag = p.row_arrival_flag + static_cast<std::uint32_t>(p.combine_rows);
+      const std::uint32_t band_flag = static_cast<std::uint32_t>(world + 1);
+      EXPECT_EQ(p.row_arrival_flag, band_flag + gpu.bands.size());
+      EXPECT_EQ(p.flag_count, p.row_arrival_flag + p.combine_rows);
       // GEMM1: the GPU's table entry for entry, padding mates included, band flags offset
       const std::uint32_t gemm0 = static_cast<std::uint32_t>(p.tiles.size()) - static_cast<std::uint32_t>(gpu.gemm1.size());
       ASSERT_EQ(p.tiles.size() - gemm0, gpu.gemm1.size());
@@ -142,6 +144,22 @@ TEST(TileSignalPlan, CombinesWaitForTheirOwnRowsOnly) {
     for (const CombineTask& task : p.combines) {
       EXPECT_EQ(task.waits_for_rows, 1);
       EXPECT_EQ(task.wait_count, 0u);
+    }
+  }
+  // a piece that raises the arrival flags of other rows than its own
+  {
+    std::vector<StepPlan> shifted = plans;
+    for (Segment& s : shifted[2].segments) {
+      if (s.dst == BufferId::CombineIn && s.rows >= 1) {
+        s.dest_flag += 1;
+        break;
+      }
+    }
+    try {
+      validate_plan(shifted);
+      FAIL() << "a piece raising another row's arrival flag was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("not their arrival flags"), std::string::npos) << e.what();
     }
   }
   // a piece that raises its first row's flag twice (its second row's flag never)

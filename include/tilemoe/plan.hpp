@@ -73,7 +73,7 @@ struct GemmTile {
 // StepPlan::gather_rows[gather_begin ...]. After the data is visible the segment raises
 // `dest_flag` on the destination rank (release); the reader acquires it. A segment whose
 // `flag_per_row` is set raises a flag per row instead: dest_flag + i once row i has landed, so
-// that a reader may take each row as it comes (the destination's row arrival flags, below).
+// that a reader may take each row as it comes (into CombineIn: the rows' arrival flags, below).
 struct Segment {
   BufferId src = BufferId::Input;
   BufferId dst = BufferId::ExpertIn;

@@ -19,7 +19,7 @@ DeviceFootprint DevicePlanTables::device_bytes(const plan_detail::PlanCapacity& 
   f.add(1, sizeof(PlanTables));
   f.add(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts + 1), sizeof(int));           // offset
   f.add(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts / world + 1), sizeof(int));  // rank_row
-  f.add(2 * static_cast<std::size_t>(experts / world + 2), sizeof(int));                                 // prefix
+  f.add(static_cast<std::size_t>(prefix_room(world, experts)), sizeof(int));                                 // prefix
   return f;
 }
 
@@ -36,7 +36,7 @@ DevicePlanTables::DevicePlanTables(const plan_detail::PlanCapacity& capacity, in
   comm_queue_ = DeviceArray<TaskRef>(n[kCommQueueTable]);
   offset_ = DeviceArray<int>(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts + 1));
   rank_row_ = DeviceArray<int>(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts / world + 1));
-  prefix_ = DeviceArray<int>(2 * static_cast<std::size_t>(experts / world + 2));
+  prefix_ = DeviceArray<int>(static_cast<std::size_t>(prefix_room(world, experts)));
   PlanTables tables;
   tables.experts = {experts_table_.data(), n[kExpertsTable], 0};
   tables.waits = {waits_.data(), n[kWaitsTable], 0};

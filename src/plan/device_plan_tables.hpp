@@ -23,7 +23,10 @@ class DevicePlanTables {
   PlanTables* view() const { return view_.data(); }   // [1] the tables, as the compiler writes them
   int* offset() const { return offset_.data(); }      // [world][experts + 1] the compiler's scratch
   int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
-  int* prefix() const { return prefix_.data(); }      // [2][experts / world + 2]: per-GEMM prefix sums over the local experts
+  int* prefix() const { return prefix_.data(); }      // [prefix_room]: the strategy's prefix sums over the local experts
+  // Room for three rows of prefix sums over the local experts (sequential: one per GEMM;
+  // tile_signal: a third, of its remote bands).
+  static int prefix_room(int world, int experts) { return 3 * (experts / world + 2); }
   const plan_detail::PlanCapacity& capacity() const { return capacity_; }
   int world() const { return world_; }
   int experts() const { return experts_; }

@@ -195,6 +195,11 @@ class PlanChecker {
       if (!rows_inside(s.dst_row, s.rows, d.buffer_rows(s.dst))) reject(who + ": destination rows outside rank " + std::to_string(s.dest_rank) + "'s " + std::string(buffer_name(s.dst)) + " (" + std::to_string(d.buffer_rows(s.dst)) + " rows)");
       const std::int64_t raises = s.flag_per_row != 0 ? s.rows : 1;  // flags from dest_flag on
       if (s.flag_per_row != 0 && s.dest_flag == kNoFlag) reject(who + ": raises a flag per row but names none");
+      // a flag per CombineIn row is that row's arrival flag (so a GPU executor may keep them by row)
+      if (s.flag_per_row != 0 && s.dst == BufferId::CombineIn && s.dest_flag != static_cast<std::int64_t>(d.row_arrival_flag) + s.dst_row) {
+        reject(who + ": raises flags from " + std::to_string(s.dest_flag) + " for CombineIn rows from " + std::to_string(s.dst_row) +
+               ", not their arrival flags (rank " + std::to_string(s.dest_rank) + "'s from " + std::to_string(d.row_arrival_flag) + ")");
+      }
       if (s.dest_flag != kNoFlag && (s.dest_flag < 0 || s.dest_flag + raises > d.flag_count)) reject(who + ": raises flag " + std::to_string(s.dest_flag) + (s.flag_per_row != 0 ? " + " + std::to_string(s.rows) + " rows" : std::string()) + " of rank " + std::to_string(s.dest_rank) + "'s " + std::to_string(d.flag_count));
       check_waits_range(p, s.wait_begin, s.wait_count, who);
     }

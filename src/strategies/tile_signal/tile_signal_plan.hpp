@@ -13,8 +13,10 @@
 // bands and ships its rows back, a piece per source rank, each row raising its own arrival flag
 // at the owner. An owner combines a token chunk as soon as the rows it reads have landed.
 //
-// Flags of rank r: [0, W) the dispatch arrivals from sender p, W the GEMM0 tiles, then one per
-// CombineIn row (row_arrival_flag = W + 1), then one per band of r's rows in row order.
+// Flags of rank r: [0, W) the dispatch arrivals from sender p, W the GEMM0 tiles, [W + 1,
+// W + 1 + B_r) one per band of r's rows in row order (a GPU GEMM raises them at an offset the
+// layer knows: W + 1), then one per CombineIn row (row_arrival_flag = W + 1 + B_r; a sender
+// finds B_q from the counts).
 // Waits: [0, W) one per sender, W all of GEMM0 (if r has rows), then one per band in the
 // remote-first order (a segment's bands are consecutive waits).
 //
@@ -82,6 +84,17 @@ TILEMOE_HOST_DEVICE inline int expert_at(int experts, int index, Value value) {
   return lo;
 }
 
+// The bands of rank q's rows (O(L): the senders of pieces to q need q's row arrival flags).
+TILEMOE_HOST_DEVICE inline int bands_of_rank(const StepCounts& c, int q, int tile_m) {
+  int bands = 0;
+  for (int e = 0; e < c.local_experts; ++e) bands += cuda::tile_ceil_div(c.local_rows(q, e), tile_m);
+  return bands;
+}
+TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_band_flag(int world) { return static_cast<std::uint32_t>(world + 1); }
+TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_row_arrival_flag(const StepCounts& c, int q, int tile_m) {
+  return tile_signal_band_flag(c.world) + static_cast<std::uint32_t>(bands_of_rank(c, q, tile_m));
+}
+
 // What the tables are indexed by, from the prefix sums (O(1) per thread).
 struct TileSignalSummary {
   SequentialSummary seq;       // GEMM tiles per layer (its waits layout is not this plan's)
@@ -98,9 +111,9 @@ TILEMOE_HOST_DEVICE inline TileSignalSummary summarize_tile_signal(const StepCou
   m.pairs = tile_signal_pairs(s);
   m.bands = prefix[(L + 2) + L] / (2 * m.pairs);
   m.remote_bands = prefix[sequential_prefix_size(L) + L] / m.pairs;
-  m.row_arrival_flag = static_cast<std::uint32_t>(W + 1);
-  m.band_flag = m.row_arrival_flag + static_cast<std::uint32_t>(c.offset_of(s.rank, c.experts));
-  m.flag_count = m.band_flag + static_cast<std::uint32_t>(m.bands);
+  m.band_flag = tile_signal_band_flag(W);
+  m.row_arrival_flag = m.band_flag + static_cast<std::uint32_t>(m.bands);
+  m.flag_count = m.row_arrival_flag + static_cast<std::uint32_t>(c.offset_of(s.rank, c.experts));
   m.band_wait = static_cast<std::uint32_t>(W) + (m.seq.real_tiles[0] > 0 ? 1u : 0u);
   m.waits = m.band_wait + static_cast<std::uint32_t>(m.bands);
   return m;
@@ -199,7 +212,7 @@ TILEMOE_HOST_DEVICE inline Segment tile_signal_piece(const StepCounts& c, const 
   const int first = b - b % bands_per_segment;
   segment.wait_begin = m.band_wait + static_cast<std::uint32_t>(first);
   segment.wait_count = static_cast<std::uint32_t>(m.bands - first < bands_per_segment ? m.bands - first : bands_per_segment);
-  segment.dest_flag = static_cast<std::int32_t>(m.row_arrival_flag + segment.dst_row);  // the same numbering on every rank
+  segment.dest_flag = static_cast<std::int32_t>(tile_signal_row_arrival_flag(c, q, static_cast<int>(s.tile_m)) + segment.dst_row);
   segment.flag_per_row = 1;
   return segment;
 }
