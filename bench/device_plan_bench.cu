@@ -20,7 +20,7 @@
 #include "strategies/tile_signal/defaults.hpp"
 #include "strategies/tile_signal/device_compiler.hpp"
 #include "strategies/tile_signal/gpu_plan_shape.hpp"
-#include "strategies/tile_signal/gpu_schedule.hpp"
+#include "table_schedule.hpp"
 #include "strategies/strategies.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"

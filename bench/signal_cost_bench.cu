@@ -22,7 +22,7 @@
 #include "kernels/moe_kernels.hpp"
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "strategies/tile_signal/defaults.hpp"
-#include "strategies/tile_signal/gpu_schedule.hpp"
+#include "table_schedule.hpp"
 #include "tilemoe/median.hpp"
 
 using namespace tilemoe;

@@ -16,10 +16,11 @@
 #include "kernels/moe_kernels.hpp"
 #include "exec/cuda/arrival_combine.hpp"
 #include "exec/cuda/band_consumer.hpp"
-#include "strategies/tile_signal/gpu_schedule.hpp"
 #include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/exchange_setup.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
+#include "strategies/tile_signal/device_compiler.hpp"
+#include "strategies/tile_signal/gpu_plan_shape.hpp"
 #include "strategies/tile_signal/gpu_setup.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/error.hpp"
@@ -81,30 +82,32 @@ struct EpMoeLayer::Impl : LayerRouting {
   DeviceArray<__nv_bfloat16> staging;  // rows in source-major order, as the all-to-alls move them
   std::unique_ptr<PinnedArray<int>> host_gathered, host_tables;
   std::unique_ptr<ExpertFfn> ffn;
-  // tile signal: GEMM1's band flags, the bands in remote-first order, the consumer's stream and
-  // the events that fork it off after GEMM0 and join it before the combine
+  // tile signal: GEMM1's band flags (the plan's flags from tile_signal_band_flag on), the
+  // consumer's stream and the events that fork it off after GEMM0 and join it before the combine
   DeviceArray<unsigned> band_flags;
-  DeviceArray<TileBand> bands;
-  DeviceArray<int> band_count;
-  DeviceArray<GemmTileEntry> table_scratch;
   cudaStream_t consumer = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
   int combine_ctas = 0;  // the owner's token-by-token combine: a persistent grid whose CTAs may all wait
   TileSignalGpuSchedule schedule;  // tile_signal's split and GEMM1 order, as the strategy chose them
   std::string split_note;          // how the split was chosen, for description()
   EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
-  int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the flag the corrupted band waits for
-  // The step's plan, compiled on the device from the exchanged counts: the sequential strategy's
-  // (its GEMMs walk it on the planned path; harness.build_device_plan builds it on the stock path
-  // too), and the tokens of the step that compiled it.
+  int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the band flag the corrupted wait names
+  // The step's plan, compiled on the device from the exchanged counts by the strategy's compiler
+  // (sequential or tile_signal): the planned GEMMs walk its tiles, the band consumer its pieces
+  // (harness.build_device_plan builds the sequential one on the stock path too); and the tokens
+  // of the step that compiled it.
   std::unique_ptr<DevicePlanTables> device_plan;
   bool ffn_walks_plan = false;
   int device_plan_tokens = 0;
   plan_detail::SequentialShape device_plan_shape(std::int64_t tokens) const {
     return plan_detail::gpu_sequential_shape(config, rank, tokens, layout.receive_capacity);
   }
-  // record_trace: GEMM1's tile times and the consumer's segment times of the last forward
-  DeviceArray<unsigned long long> tile_times, segment_times;
+  plan_detail::TileSignalShape tile_signal_plan_shape(std::int64_t tokens) const {
+    return plan_detail::gpu_tile_signal_shape(config, rank, tokens, schedule.band_block, schedule.bands_per_segment,
+                                              layout.receive_capacity);
+  }
+  // record_trace: GEMM1's tile times and the consumer's unit times of the last forward
+  DeviceArray<unsigned long long> tile_times, unit_times;
 
   void init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o, EpMoeLayerHarness h);
   void agree_on_settings(bool split_chosen_here);
@@ -128,7 +131,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   __nv_bfloat16* send_rows_ptr() const {
     return remote_peers ? reinterpret_cast<__nv_bfloat16*>(region(layout.send_rows)) : send_rows.data();
   }
-  EpLayerTables download_tables(cudaStream_t stream) const;
+  StepPlan download_plan(cudaStream_t stream) const;
   void host_dispatch(cudaStream_t stream, int tokens);
   void host_combine_send(cudaStream_t stream);
   std::vector<std::size_t> send_offset, send_bytes, recv_offset, recv_bytes;  // host path, this step
@@ -171,26 +174,19 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   }
   if (!remote_peers) f.add(receive_room * H, sizeof(__nv_bfloat16));  // y
   const bool may_overlap = options.strategy == Strategy::TileSignal || options.strategy == Strategy::Auto;
-  // the sequential strategy's GEMMs walk the device-built plan; tile_signal's, tables of the FFN's own
-  const bool may_walk_plan = options.gemm == GemmPath::Planned && options.strategy != Strategy::TileSignal;
-  const bool own_tables = options.gemm != GemmPath::Planned || may_overlap;
-  f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm, own_tables));
-  const plan_detail::PlanCapacity plan_room = plan_detail::sequential_capacity(
-      world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_detail::gpu_sequential_shape(c, 0, c.tokens));
-  if (may_walk_plan) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts)));
-  const std::size_t band_room = static_cast<std::size_t>(max_bands(layout.receive_capacity, static_cast<int>(local_experts)));
-  std::size_t gemm1_capacity = static_cast<std::size_t>(std::max<std::int64_t>(
-      max_tile_entries(layout.receive_capacity, static_cast<int>(local_experts), static_cast<int>(c.hidden), PlannedCluster::N2), 1));
-  if (may_walk_plan) gemm1_capacity = std::max<std::size_t>(gemm1_capacity, plan_room.entries[plan_detail::kTilesTable]);
-  if (may_overlap) {
-    f.add(band_room, sizeof(unsigned));            // band_flags
-    f.add(band_room, sizeof(TileBand));            // bands
-    f.add(1, sizeof(int));                         // band_count
-    f.add(gemm1_capacity, sizeof(GemmTileEntry));  // table_scratch
-  }
+  f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
+  // the planned GEMMs walk the step's device-built plan (tile_signal's room holds the sequential one)
+  const plan_detail::SequentialShape plan_shape = plan_detail::gpu_sequential_shape(c, 0, c.tokens);
+  const plan_detail::PlanCapacity plan_room =
+      may_overlap ? plan_detail::tile_signal_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape)
+                  : plan_detail::sequential_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
+  if (options.gemm == GemmPath::Planned) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts)));
+  const auto band_room = static_cast<std::size_t>(
+      plan_detail::tile_signal_max_bands(layout.receive_capacity, static_cast<int>(local_experts), plan_shape.tile_m) + 1);
+  if (may_overlap) f.add(band_room, sizeof(unsigned));  // band_flags
   if (options.record_trace) {
-    f.add(2 * gemm1_capacity, sizeof(unsigned long long));              // tile_times
-    if (may_overlap) f.add(3 * band_room, sizeof(unsigned long long));  // segment_times
+    f.add(2 * static_cast<std::size_t>(plan_room.entries[plan_detail::kTilesTable]), sizeof(unsigned long long));  // tile_times
+    if (may_overlap) f.add(3 * band_room, sizeof(unsigned long long));                                              // unit_times
   }
   return f.bytes();
 }
@@ -300,30 +296,23 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     split_chosen_here = split.chosen_by_model;
   }
   agree_on_settings(split_chosen_here);
-  ffn_walks_plan = options.strategy == Strategy::Sequential && o.gemm == GemmPath::Planned;
-  if (ffn_walks_plan || h.build_device_plan) {
-    if (options.strategy != Strategy::Sequential) {
-      throw_bad_input("the device-built plan exists for the sequential strategy only so far");
-    }
-    device_plan = std::make_unique<DevicePlanTables>(
-        plan_detail::sequential_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
-        world, static_cast<int>(E));
-    if (ffn_walks_plan) ffn_options.plan = device_plan->view();
-  }
+  ffn_walks_plan = o.gemm == GemmPath::Planned;  // on whichever strategy the layer runs
   if (options.strategy == Strategy::TileSignal) {
     if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
       throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
     }
     if (remote_peers) throw_bad_input("tile_signal does not reach GIN peers (other nodes) yet: use the sequential strategy");
+    if (h.build_device_plan) throw_bad_input("build_device_plan builds the sequential plan; tile_signal compiles its own");
     schedule = tile_signal_gpu_schedule(shape, options.tile_signal, options.tile_signal.consumer_ctas);
     ffn_options.gemm1_sm_limit = schedule.gemm1_sm_limit;
-    ffn_options.gemm1_band_flags = true;
-    ffn_options.gemm1_band_block = schedule.band_block;
-    const std::int64_t band_room = max_bands(layout.receive_capacity, local_experts);
+    device_plan = std::make_unique<DevicePlanTables>(
+        plan_detail::tile_signal_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
+        world, static_cast<int>(E));
+    // a flag per band of the most rows a step may bring, and one more that no tile raises (the
+    // corrupted wait of harness.unsignalled_band_wait)
+    const std::int64_t band_room = plan_detail::tile_signal_max_bands(layout.receive_capacity, local_experts, kPlannedTileM) + 1;
     band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
-    unsignalled_flag = static_cast<int>(band_room - 1);  // max_bands exceeds every step's bands by one at least
-    bands = DeviceArray<TileBand>(static_cast<std::size_t>(band_room));
-    band_count = DeviceArray<int>(1);
+    unsignalled_flag = static_cast<int>(plan_detail::tile_signal_band_flag(world) + band_room - 1);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
     consumer = t.stream(RankStream::Consumer);  // high priority
     // ranks sharing SMs: the grid of the combine send it replaces, which fits beside every
@@ -332,19 +321,20 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     combine_ctas = sharing > 1 ? ctas_per_peer * world : arrival_combine_ctas_per_sm() * t.sm_count();
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  } else if (ffn_walks_plan || h.build_device_plan) {
+    device_plan = std::make_unique<DevicePlanTables>(
+        plan_detail::sequential_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
+        world, static_cast<int>(E));
   }
+  if (ffn_walks_plan) ffn_options.plan = device_plan->view();
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
                                     layout.receive_capacity, rows_per_expert, o.gemm, device, ffn_options);
 
-  if (options.strategy == Strategy::TileSignal) {
-    table_scratch = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(std::max(ffn->gemm1_capacity(), 1)));
-  }
   if (o.record_trace) {
     if (o.gemm != GemmPath::Planned) throw_bad_input("device traces need the planned GEMM (its tile times)");
-    const std::size_t entries = ffn_walks_plan ? device_plan->capacity().entries[plan_detail::kTilesTable]
-                                               : static_cast<std::size_t>(ffn->gemm1_capacity());
+    const std::size_t entries = device_plan->capacity().entries[plan_detail::kTilesTable];
     tile_times = DeviceArray<unsigned long long>(2 * std::max<std::size_t>(entries, 1));
-    if (options.strategy == Strategy::TileSignal) segment_times = DeviceArray<unsigned long long>(3 * bands.count());
+    if (options.strategy == Strategy::TileSignal) unit_times = DeviceArray<unsigned long long>(3 * band_flags.count());
   }
 }
 
@@ -447,7 +437,7 @@ std::string EpMoeLayer::description() const {
     text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
   }
   if (m.options.strategy == Strategy::TileSignal) {
-    const bool unblocked = static_cast<std::size_t>(m.schedule.band_block) >= m.bands.count();  // no expert has that many bands
+    const bool unblocked = static_cast<std::size_t>(m.schedule.band_block) + 1 >= m.band_flags.count();  // no expert has that many bands
     text += ", consumer " + std::to_string(m.schedule.consumer_ctas) + " CTAs x " + std::to_string(m.schedule.bands_per_segment) +
             " band(s), GEMM1 " +
             (unblocked ? std::string("in the sequential tile order") : "in blocks of " + std::to_string(m.schedule.band_block) + " bands") +
@@ -609,26 +599,24 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       m.host_dispatch(stream, T);
     }
+    const bool overlap = m.options.strategy == Strategy::TileSignal;
     if (m.device_plan) {  // from the counts this step exchanged
       const bool inbox = !m.direct && m.options.dispatch == DispatchPath::Device;
       const int* counts = inbox ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
       const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
-      launch_compile_sequential(stream, counts, offsets, m.device_plan_shape(T), *m.device_plan);
+      if (overlap) {
+        launch_compile_tile_signal(stream, counts, m.tile_signal_plan_shape(T), *m.device_plan);
+        if (m.harness.unsignalled_band_wait) {  // the first band wait names the flag no tile raises
+          const int band_wait = m.world + 1;  // after the dispatch's and GEMM0's (tile_signal_plan.hpp)
+          TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&m.device_plan->waits()[band_wait].flag, &m.unsignalled_flag, sizeof(int),
+                                             cudaMemcpyHostToDevice, stream));
+        }
+      } else {
+        launch_compile_sequential(stream, counts, offsets, m.device_plan_shape(T), *m.device_plan);
+      }
       m.device_plan_tokens = T;
     }
-    const bool overlap = m.options.strategy == Strategy::TileSignal;
     if (m.ffn) {
-      m.ffn->build_tables(stream, m.local_row_offset.data());
-      if (overlap) {  // GEMM1 remote bands first, and the consumer's segments in the same order
-        const int N = m.world, L = m.local_experts;
-        launch_order_remote_first(stream, m.ffn->gemm1_table(), m.ffn->gemm1_count(), m.ffn->gemm1_cluster_size(),
-                                  m.block_offset.data(), L, N, m.rank, m.table_scratch.data());
-        launch_build_bands(stream, m.local_row_offset.data(), m.block_offset.data(), L, N, m.rank, m.bands.data(),
-                           static_cast<int>(m.bands.count()), m.band_count.data());
-        if (m.harness.unsignalled_band_wait) {  // the last flag of the band room: no band has it, no tile raises it
-          TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&m.bands.data()->id, &m.unsignalled_flag, sizeof(int), cudaMemcpyHostToDevice, stream));
-        }
-      }
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
       const std::int64_t bound = m.layout.receive_capacity;
       mark(kEpGemm0);
@@ -643,18 +631,18 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
         BandConsumerArgs ts;
         ts.exchange = args;
-        ts.bands = m.bands.data();
-        ts.band_count = m.band_count.data();
+        ts.plan = m.device_plan->view();
+        ts.first_segment = plan_detail::tile_signal_first_piece(m.world, m.local_experts);
+        ts.segments_per_unit = m.schedule.bands_per_segment * m.world;
         ts.flags = m.band_flags.data();
-        ts.tiles_per_band = static_cast<unsigned>((c.hidden + kPlannedTileN - 1) / kPlannedTileN);
+        ts.flag_offset = static_cast<int>(plan_detail::tile_signal_band_flag(m.world));
         ts.ctas = m.schedule.consumer_ctas;
-        ts.bands_per_segment = m.schedule.bands_per_segment;
-        ts.segment_times = m.segment_times.data();
+        ts.unit_times = m.unit_times.data();
         launch_band_consumer(m.consumer, view, ts);
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
       }
       m.ffn->run_gemm1(stream, m.local_row_offset.data(), bound, m.ffn_out(), overlap ? m.band_flags.data() : nullptr,
-                       m.tile_times.data());
+                       static_cast<int>(plan_detail::tile_signal_band_flag(m.world)), m.tile_times.data());
     } else {
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
@@ -715,69 +703,38 @@ void EpMoeLayer::check(cudaStream_t stream) {
   }
 }
 
-EpLayerTables EpMoeLayer::Impl::download_tables(cudaStream_t stream) const {
-  if (!ffn) throw_bad_input("an exchange-only layer (identity experts) builds no GEMM tables");
+// The last step's plan as the device compiled it: its tables and header (not its per-token
+// tables), after a bounded wait for the step.
+StepPlan EpMoeLayer::Impl::download_plan(cudaStream_t stream) const {
+  if (!device_plan) {
+    throw_bad_input("this layer builds no device plan: it runs the planned GEMM, or sets EpMoeLayerHarness::build_device_plan");
+  }
+  use_device(device);
   wait_for_step(stream);
-  auto fetch = [&](auto* dst, const auto* src, std::size_t count) {
-    if (count > 0) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * sizeof(*dst), cudaMemcpyDeviceToHost, own));
-  };
-  EpLayerTables t;
-  t.row_offset.resize(static_cast<std::size_t>(local_experts + 1));
-  t.block_offset.resize(static_cast<std::size_t>(local_experts * world + 1));
-  int entries = 0, band_total = 0;
-  fetch(t.row_offset.data(), local_row_offset.data(), t.row_offset.size());
-  fetch(t.block_offset.data(), block_offset.data(), t.block_offset.size());
-  if (ffn_walks_plan) {  // GEMM1's range of the plan's tiles, as table entries
-    StepPlan plan;
-    plan.rank = rank;
-    device_plan->download(own, [&](const char* what) { wait_for_own(what); }, plan);
-    for (const GemmTile& tile : plan.tiles) {
-      if (tile.layer == 1) t.gemm1.push_back(entry_of_tile(tile, kPlannedTileN));
-    }
-    return t;
-  }
-  fetch(&entries, ffn->gemm1_count(), 1);
-  if (options.strategy == Strategy::TileSignal) fetch(&band_total, band_count.data(), 1);
-  wait_for_own("the last step's tables");
-  t.gemm1.resize(static_cast<std::size_t>(std::max(entries, 0)));
-  t.bands.resize(static_cast<std::size_t>(std::max(band_total, 0)));
-  fetch(t.gemm1.data(), ffn->gemm1_table(), t.gemm1.size());
-  fetch(t.bands.data(), bands.data(), t.bands.size());
-  wait_for_own("the last step's tables");
-  t.band_block = schedule.band_block;
-  t.bands_per_segment = schedule.bands_per_segment;
-  return t;
-}
-
-EpLayerTables EpMoeLayerInspector::last_tables(const EpMoeLayer& layer, cudaStream_t stream) {
-  return layer.impl_->download_tables(stream);
-}
-
-StepPlan EpMoeLayerInspector::last_device_plan(const EpMoeLayer& layer, cudaStream_t stream) {
-  const EpMoeLayer::Impl& m = *layer.impl_;
-  if (!m.device_plan) {
-    throw_bad_input("this layer builds no device plan: it runs the sequential strategy on the planned GEMM, or sets "
-                    "EpMoeLayerHarness::build_device_plan");
-  }
-  use_device(m.device);
-  m.wait_for_step(stream);
-  const plan_detail::SequentialShape shape = m.device_plan_shape(m.device_plan_tokens);
+  const bool overlap = options.strategy == Strategy::TileSignal;
+  const plan_detail::SequentialShape shape =
+      overlap ? tile_signal_plan_shape(device_plan_tokens).gemm : device_plan_shape(device_plan_tokens);
   StepPlan plan;
-  plan.strategy = Strategy::Sequential;
-  plan.rank = m.rank;
-  plan.world_size = m.world;
+  plan.strategy = overlap ? Strategy::TileSignal : Strategy::Sequential;
+  plan.rank = rank;
+  plan.world_size = world;
   plan.tokens = shape.tokens;
-  plan.hidden = m.config.hidden;
-  plan.ffn_hidden = m.config.ffn_hidden;
-  plan.top_k = m.config.top_k;
-  plan.activation = m.config.activation;
-  plan.dtype = m.config.dtype;
+  plan.hidden = config.hidden;
+  plan.ffn_hidden = config.ffn_hidden;
+  plan.top_k = config.top_k;
+  plan.activation = config.activation;
+  plan.dtype = config.dtype;
   plan.tile_m = shape.tile_m;
   plan.tile_n0 = shape.tile_n[0];
   plan.tile_n1 = shape.tile_n[1];
-  m.device_plan->download(m.own, [&](const char* what) { m.wait_for_own(what); }, plan);
+  device_plan->download(own, [&](const char* what) { wait_for_own(what); }, plan);
   return plan;
 }
+
+StepPlan EpMoeLayerInspector::last_device_plan(const EpMoeLayer& layer, cudaStream_t stream) {
+  return layer.impl_->download_plan(stream);
+}
+TileSignalGpuSchedule EpMoeLayerInspector::tile_signal_schedule(const EpMoeLayer& layer) { return layer.impl_->schedule; }
 
 const int* EpMoeLayerInspector::row_offset(const EpMoeLayer& layer) { return layer.impl_->row_offset.data(); }
 const __nv_bfloat16* EpMoeLayerInspector::expert_rows(const EpMoeLayer& layer) {
@@ -798,49 +755,64 @@ std::string EpMoeLayerInspector::gemm_description(const EpMoeLayer& layer) {
 std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   const Impl& m = *impl_;
   if (!m.options.record_trace) throw_bad_input("last_trace needs EpMoeLayerOptions::record_trace");
-  const EpLayerTables t = m.download_tables(stream);
+  const StepPlan plan = m.download_plan(stream);
   const int N = m.world, L = m.local_experts;
-  const std::size_t entries = t.gemm1.size();
-  const std::size_t segments = t.bands.empty() ? 0 : (t.bands.size() + t.bands_per_segment - 1) / t.bands_per_segment;
-  std::vector<unsigned long long> tiles(2 * entries), times(3 * segments);
+  const bool overlap = m.options.strategy == Strategy::TileSignal;
+  const int first_piece = plan_detail::tile_signal_first_piece(N, L);
+  const std::size_t per = static_cast<std::size_t>(m.schedule.bands_per_segment * N);
+  const std::size_t pieces = overlap ? plan.segments.size() - static_cast<std::size_t>(first_piece) : 0;
+  const std::size_t units = (pieces + per - 1) / std::max<std::size_t>(per, 1);
+  std::vector<int> block(static_cast<std::size_t>(L * N + 1));
+  std::vector<unsigned long long> tiles(2 * plan.tiles.size()), times(3 * units);
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(block.data(), m.block_offset.data(), block.size() * sizeof(int), cudaMemcpyDeviceToHost, m.own));
   if (!tiles.empty()) {
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(tiles.data(), m.tile_times.data(), tiles.size() * sizeof(tiles[0]), cudaMemcpyDeviceToHost, m.own));
   }
   if (!times.empty()) {
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(times.data(), m.segment_times.data(), times.size() * sizeof(times[0]), cudaMemcpyDeviceToHost, m.own));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(times.data(), m.unit_times.data(), times.size() * sizeof(times[0]), cudaMemcpyDeviceToHost, m.own));
   }
   m.wait_for_own("the last step's times");
-  auto remote = [&](int le, int lo, int hi) { return holds_remote_rows(t.block_offset.data(), le, N, m.rank, lo, hi); };
+  // whether rows [lo, hi) of local expert e hold rows of another rank (rows grouped by source)
+  auto remote = [&](int e, std::int64_t lo, std::int64_t hi) {
+    for (int q = 0; q < N; ++q) {
+      const int b = block[static_cast<std::size_t>(e * N + q)], z = block[static_cast<std::size_t>(e * N + q + 1)];
+      if (q != m.rank && b < z && lo < z && b < hi) return true;
+    }
+    return false;
+  };
   std::vector<DeviceSpan> spans;
   const int clusters = std::max(m.ffn->gemm1_grid_ctas() / 2, 1);
-  for (std::size_t i = 0; i < entries; ++i) {
-    const GemmTileEntry& e = t.gemm1[i];
-    if (e.rows == 0) continue;
+  const auto gemm0 = static_cast<std::size_t>(
+      std::count_if(plan.tiles.begin(), plan.tiles.end(), [](const GemmTile& t) { return t.layer == 0; }));
+  for (std::size_t i = gemm0; i < plan.tiles.size(); ++i) {  // GEMM1's (its times are indexed within GEMM1)
+    const GemmTile& t = plan.tiles[i];
+    const std::size_t k = i - gemm0;
+    if (t.row_end == t.row_begin) continue;
     DeviceSpan s;
     s.rank = m.rank;
     s.track = "GEMM1 tiles";
-    s.lane = static_cast<int>(((i / 2) % static_cast<std::size_t>(clusters)) * 2 + i % 2);  // cluster c runs items c, c + C, ...
-    s.label = "expert " + std::to_string(m.rank * L + e.group) + " rows " + std::to_string(e.row_begin) + "+" + std::to_string(e.rows) +
-              " cols " + std::to_string(e.col_tile * kPlannedTileN);
-    s.start_ns = tiles[2 * i];
-    s.end_ns = tiles[2 * i + 1];
-    s.remote = remote(e.group, e.row_begin, e.row_begin + e.rows);
+    s.lane = static_cast<int>(((k / 2) % static_cast<std::size_t>(clusters)) * 2 + k % 2);  // cluster c runs items c, c + C, ...
+    s.label = "expert " + std::to_string(m.rank * L + t.expert) + " rows " + std::to_string(t.row_begin) + "+" +
+              std::to_string(t.row_end - t.row_begin) + " cols " + std::to_string(t.col_begin);
+    s.start_ns = tiles[2 * k];
+    s.end_ns = tiles[2 * k + 1];
+    s.remote = remote(t.expert, t.row_begin, t.row_end);
     spans.push_back(std::move(s));
   }
-  const std::size_t per = static_cast<std::size_t>(t.bands_per_segment);
-  for (std::size_t sgm = 0; sgm < segments; ++sgm) {
+  for (std::size_t u = 0; u < units; ++u) {
     DeviceSpan s;
     s.rank = m.rank;
     s.track = "consumer";
-    s.lane = static_cast<int>(sgm % static_cast<std::size_t>(m.schedule.consumer_ctas));
-    int rows = 0;
-    for (std::size_t b = sgm * per; b < std::min(t.bands.size(), (sgm + 1) * per); ++b) {
-      rows += t.bands[b].rows;
-      s.remote = s.remote || t.bands[b].remote != 0;
+    s.lane = static_cast<int>(u % static_cast<std::size_t>(m.schedule.consumer_ctas));
+    std::int64_t rows = 0;
+    for (std::size_t j = u * per; j < std::min(pieces, (u + 1) * per); ++j) {
+      const Segment& piece = plan.segments[static_cast<std::size_t>(first_piece) + j];
+      rows += piece.rows;
+      s.remote = s.remote || (piece.rows > 0 && piece.dest_rank != m.rank);
     }
-    s.label = "segment " + std::to_string(sgm) + ": " + std::to_string(rows) + " rows";
-    s.start_ns = times[3 * sgm + 1];  // from its flags' readiness to its rows shipped
-    s.end_ns = times[3 * sgm + 2];
+    s.label = "segment " + std::to_string(u) + ": " + std::to_string(rows) + " rows";
+    s.start_ns = times[3 * u + 1];  // from its flags' readiness to its rows shipped
+    s.end_ns = times[3 * u + 2];
     spans.push_back(std::move(s));
   }
   return spans;

@@ -39,18 +39,13 @@ struct ExpertFfn::Impl {
   bool gelu = false;
   std::int64_t gemm0_n = 0;  // 2 * ffn (gate/up interleaved) for SwiGLU, ffn for GELU
   int checked_rows(std::int64_t rows_bound) const;  // rows_bound within max_rows
-  // One planned GEMM over the local experts: GEMM `layer`'s entries (the plan's tiles of that
-  // layer, or the FFN's own table) of A's rows times each expert's B (N x K) into D.
+  // One planned GEMM over the local experts: the plan's tiles of GEMM `layer`, A's rows times
+  // each expert's B (N x K) into D.
   PlannedGemmRun planned_run(int layer, const __nv_bfloat16* A, int a_rows, const __nv_bfloat16* B, __nv_bfloat16* D, int N,
                              int K) const {
     PlannedGemmRun r;
-    if (options.plan != nullptr) {
-      r.plan = options.plan;
-      r.plan_layer = layer;
-    } else {
-      r.table = layer == 0 ? table0.data() : table1.data();
-      r.count = table_count.data() + layer;
-    }
+    r.plan = options.plan;
+    r.plan_layer = layer;
     r.A = A;
     r.a_rows = a_rows;
     r.B = B;
@@ -63,9 +58,6 @@ struct ExpertFfn::Impl {
   DeviceArray<__nv_bfloat16> h, act;
   std::unique_ptr<GroupedGemm> gemm0, gemm1;        // GemmPath::Stock
   std::unique_ptr<PlannedGemm> planned0, planned1;  // GemmPath::Planned
-  DeviceArray<GemmTileEntry> table0, table1;
-  DeviceArray<int> table_count;  // [2]: entries of table0, table1
-  int table0_capacity = 0, table1_capacity = 0;
   ExpertFfnOptions options;
 };
 
@@ -85,9 +77,10 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   m.path = path;
   m.device = device;
   m.options = options;
-  if (path == GemmPath::Stock && (options.gemm1_band_flags || options.gemm1_sm_limit > 0)) {
+  if (path == GemmPath::Stock && options.gemm1_sm_limit > 0) {
     throw_bad_input("the overlap strategies need the planned GEMM (its tile table and flags)");
   }
+  if (path == GemmPath::Planned && options.plan == nullptr) throw_internal("the planned GEMMs walk a plan, and none was given");
   m.gelu = layer.activation == Activation::GELU;
   const std::int64_t H = layer.hidden, F = layer.ffn_hidden;
   m.gemm0_n = m.gelu ? F : 2 * F;
@@ -113,24 +106,11 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
                                              static_cast<int>(experts), device);
   m.planned1 = std::make_unique<PlannedGemm>(cluster, PlannedEpilogue::Store, static_cast<int>(experts), device,
                                              options.gemm1_sm_limit);
-  if (options.plan != nullptr) {
-    if (options.gemm1_band_flags || options.gemm1_band_block > 0) throw_internal("an FFN that walks a plan takes its flags and order from it");
-    return;
-  }
-  const std::int64_t cap0 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(m.gemm0_n), cluster);
-  const std::int64_t cap1 = max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(H), cluster);
-  if (cap0 > INT_MAX || cap1 > INT_MAX) throw_bad_input("the layer is too large for one tile table");
-  m.table0_capacity = static_cast<int>(cap0);
-  m.table1_capacity = static_cast<int>(cap1);
-  m.table0 = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(cap0));
-  m.table1 = DeviceArray<GemmTileEntry>(static_cast<std::size_t>(cap1));
-  m.table_count = DeviceArray<int>(2);
 }
 
 ExpertFfn::~ExpertFfn() = default;
 
-DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path,
-                                        bool own_tables) {
+DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path) {
   const auto H = static_cast<std::size_t>(layer.hidden), F = static_cast<std::size_t>(layer.ffn_hidden);
   const std::size_t gemm0_n = layer.activation == Activation::GELU ? F : 2 * F;
   const auto E = static_cast<std::size_t>(experts);
@@ -142,17 +122,7 @@ DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t exp
   // each GEMM object's own small arrays (per-group pointers and strides, workspace, counter)
   constexpr int kAllocationsPerGemm = 8;
   for (int i = 0; i < 2 * kAllocationsPerGemm; ++i) f.add(1, 1);
-  if (path == GemmPath::Stock) {
-    f.add(row_room * gemm0_n, sizeof(__nv_bfloat16));  // h
-    return f;
-  }
-  if (!own_tables) return f;
-  const PlannedCluster cluster = PlannedCluster::N2;
-  f.add(static_cast<std::size_t>(max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(gemm0_n), cluster)),
-        sizeof(GemmTileEntry));
-  f.add(static_cast<std::size_t>(max_tile_entries(max_rows, static_cast<int>(experts), static_cast<int>(H), cluster)),
-        sizeof(GemmTileEntry));
-  f.add(2, sizeof(int));  // table_count
+  if (path == GemmPath::Stock) f.add(row_room * gemm0_n, sizeof(__nv_bfloat16));  // h
   return f;
 }
 
@@ -206,27 +176,6 @@ std::string ExpertFfn::description() const {
   return std::string("stock ") + gemm_config_name(m.gemm0->config());
 }
 
-void ExpertFfn::build_tables(cudaStream_t stream, const int* row_offset) {
-  Impl& m = *impl_;
-  if (m.path != GemmPath::Planned || m.options.plan != nullptr) return;
-  const PlannedCluster cluster = m.planned0->cluster();
-  const int E = static_cast<int>(m.experts);
-  launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.gemm0_n), cluster, TileFlags::None, m.table0.data(),
-                          m.table0_capacity, m.table_count.data(), m.options.gemm0_band_block);
-  launch_build_tile_table(stream, row_offset, E, static_cast<int>(m.layer.hidden), cluster,
-                          m.options.gemm1_band_flags ? TileFlags::PerBand : TileFlags::None, m.table1.data(), m.table1_capacity,
-                          m.table_count.data() + 1, m.options.gemm1_band_block);
-}
-
-GemmTileEntry* ExpertFfn::gemm1_table() {
-  if (impl_->options.plan != nullptr) throw_internal("an FFN that walks a plan has no GEMM1 table of its own");
-  return impl_->table1.data();
-}
-const int* ExpertFfn::gemm1_count() const {
-  if (impl_->options.plan != nullptr) throw_internal("an FFN that walks a plan has no GEMM1 table of its own");
-  return impl_->table_count.data() + 1;
-}
-int ExpertFfn::gemm1_capacity() const { return impl_->table1_capacity; }
 int ExpertFfn::gemm1_grid_ctas() const { return impl_->planned1 ? impl_->planned1->grid_ctas() : 0; }
 
 int ExpertFfn::Impl::checked_rows(std::int64_t rows_bound) const {
@@ -255,13 +204,14 @@ void ExpertFfn::run_activation(cudaStream_t stream, std::int64_t rows_bound) {
 }
 
 void ExpertFfn::run_gemm1(cudaStream_t stream, const int* row_offset, std::int64_t rows_bound, __nv_bfloat16* y,
-                          unsigned* gemm1_flags, unsigned long long* gemm1_tile_times) {
+                          unsigned* gemm1_flags, int gemm1_flag_offset, unsigned long long* gemm1_tile_times) {
   Impl& m = *impl_;
   const int E = static_cast<int>(m.experts), H = static_cast<int>(m.layer.hidden), F = static_cast<int>(m.layer.ffn_hidden);
   const int a_rows = m.checked_rows(rows_bound);
   if (m.path == GemmPath::Planned) {
     PlannedGemmRun r = m.planned_run(1, m.act.data(), a_rows, w2_.data(), y, H, F);
     r.flags = gemm1_flags;
+    r.flag_offset = gemm1_flag_offset;
     r.tile_times = gemm1_tile_times;
     m.planned1->run(stream, r);
   } else {

@@ -15,21 +15,16 @@
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/config.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
-#include "strategies/sequential/exchange_setup.hpp"
 #include "tilemoe/weights.hpp"
 
 namespace tilemoe::cuda {
 
 // The FFN's schedule as the strategy chose it (planned path only).
 struct ExpertFfnOptions {
-  int gemm0_band_block = kGemm0BandBlock;  // > 0: GEMM0's table in blocks of this many bands
-  int gemm1_sm_limit = 0;         // > 0: GEMM1 leaves the other SMs to a concurrent consumer
-  bool gemm1_band_flags = false;  // GEMM1's tiles raise one flag per row band (TileFlags::PerBand)
-  int gemm1_band_block = 0;       // > 0: GEMM1's table in blocks of this many bands (build_tile_table)
-  // device: a plan whose tiles the planned GEMMs walk (GEMM0 its layer-0 range, GEMM1 its
-  // layer-1 range), compiled for them (gpu_sequential_shape) before each run; the FFN then builds
-  // no tables of its own and gemm1_table() is not available. nullptr: the FFN's own tables
-  // (build_tables; tile_signal's GPU schedule, until it is compiled into plans too).
+  int gemm1_sm_limit = 0;  // > 0: GEMM1 leaves the other SMs to a concurrent consumer
+  // device: the plan whose tiles the planned GEMMs walk (GEMM0 its layer-0 range, GEMM1 its
+  // layer-1 range), compiled for their tiling (gpu_sequential_shape) before each run; the
+  // planned path needs one, and its tiles' order and flags are the plan's.
   const PlanTables* plan = nullptr;
 };
 
@@ -43,8 +38,7 @@ class ExpertFfn {
   ~ExpertFfn();
   ExpertFfn(const ExpertFfn&) = delete;
   // The device memory the constructor above allocates (DeviceFootprint: pages, an upper bound).
-  static DeviceFootprint device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path,
-                                      bool own_tables = true);
+  static DeviceFootprint device_bytes(const MoeConfig& layer, std::int64_t experts, std::int64_t max_rows, GemmPath path);
   ExpertFfn& operator=(const ExpertFfn&) = delete;
 
   // Weights of global experts [first_expert, first_expert + experts) from the host, or drawn
@@ -53,29 +47,21 @@ class ExpertFfn {
   void upload(const ExpertWeights& weights);
   void draw(std::uint64_t seed);
 
-  // Enqueues, for the current row_offset (device, [experts + 1]): on the planned path the tile
-  // tables (call in the layout stage, as soon as row_offset is known; nothing when the GEMMs
-  // walk a plan), then the GEMMs.
-  void build_tables(cudaStream_t stream, const int* row_offset);
   // rows [rows_bound][hidden] -> y [rows_bound][hidden], where rows_bound <= max_rows bounds
-  // row_offset[experts] (known on the host: tokens * top_k on one GPU, the receive capacity
-  // with expert parallelism), in three stages enqueued in this order (build_tables before
-  // them); a caller records its stage events, or starts concurrent work, between them.
+  // row_offset[experts] (device, [experts + 1]; known on the host: tokens * top_k on one GPU,
+  // the receive capacity with expert parallelism), in three stages enqueued in this order (on
+  // the planned path after the plan's compile); a caller records its stage events, or starts
+  // concurrent work, between them.
   // GEMM0, with the activation fused on the planned path:
   void run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound);
   // The activation: a kernel of its own on the stock path, nothing on the planned path.
   void run_activation(cudaStream_t stream, std::int64_t rows_bound);
-  // GEMM1 into y. `gemm1_flags` (device, one per band) receives its band flags when the FFN was
-  // made with gemm1_band_flags; `gemm1_tile_times` (device, 2 per table entry) its tile start
-  // and flag times (planned path).
+  // GEMM1 into y. The flags its plan's tiles raise (plan flags [gemm1_flag_offset, ...)) land
+  // in `gemm1_flags` (device; nullptr: none raised); `gemm1_tile_times` (device, 2 per tile of
+  // the plan) receives its tile start and flag times (planned path).
   void run_gemm1(cudaStream_t stream, const int* row_offset, std::int64_t rows_bound, __nv_bfloat16* y,
-                 unsigned* gemm1_flags = nullptr, unsigned long long* gemm1_tile_times = nullptr);
+                 unsigned* gemm1_flags = nullptr, int gemm1_flag_offset = 0, unsigned long long* gemm1_tile_times = nullptr);
 
-  // GEMM1's tile table as build_tables wrote it (planned path, own tables), for a strategy to reorder.
-  GemmTileEntry* gemm1_table();
-  const int* gemm1_count() const;
-  int gemm1_capacity() const;
-  int gemm1_cluster_size() const { return 2; }
   int gemm1_grid_ctas() const;  // the persistent GEMM1's CTAs (cluster c takes items c, c + C, ...)
 
   const __nv_bfloat16* weights0() const { return w0_.data(); }  // [experts][gemm0_n][hidden]

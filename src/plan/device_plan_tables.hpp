@@ -21,6 +21,7 @@ class DevicePlanTables {
   static DeviceFootprint device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts);
 
   PlanTables* view() const { return view_.data(); }   // [1] the tables, as the compiler writes them
+  FlagWait* waits() const { return waits_.data(); }  // the waits table (a test corrupts one)
   int* offset() const { return offset_.data(); }      // [world][experts + 1] the compiler's scratch
   int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
   int* prefix() const { return prefix_.data(); }      // [prefix_room]: the strategy's prefix sums over the local experts

@@ -1,9 +1,8 @@
 #pragma once
-// The tables the GPU executors walk today: the planned GEMM's tile table and the band list of
-// the tile-signal consumer. Strategies build them (on the device, right after the layout);
-// executors only read them. They sit here, below kernels and executors, so that no executor
-// includes a strategy; StepPlan's GemmTile and Segment are the host plan's form of the same
-// facts, and the two are to become one format (NOTES.md, "One plan, two executors").
+// The planned GEMM's tile table entry and tiling. The layer's GEMMs walk plans (a plan's
+// GemmTile read as an entry: tile_table.hpp's entry_of_tile); tables of entries remain the
+// planned GEMM's own input in its tests and benchmarks, and the form the tile order is decoded
+// in on either side (tile_table.hpp).
 #include <cstdint>
 
 namespace tilemoe::cuda {
@@ -33,19 +32,5 @@ struct GemmTileEntry {
   std::int32_t flag = -1;
 };
 static_assert(sizeof(GemmTileEntry) == 20);
-
-// The most bands one consumer segment ships: the band consumer holds a segment's bands in
-// shared memory.
-constexpr int kMaxBandsPerSegment = 32;
-
-// A row band of the local experts' rows: [row_begin, row_begin + rows), rows <= 128, ready
-// when its flag `id` has counted every column tile of the band.
-struct TileBand {
-  std::int32_t row_begin = 0;
-  std::int32_t rows = 0;
-  std::int32_t remote = 0;  // holds rows of another rank (shipped first)
-  std::int32_t id = 0;      // its flag: bands numbered in row order, as TileFlags::PerBand does
-  std::int32_t group = 0;   // the local expert
-};
 
 }  // namespace tilemoe::cuda

@@ -27,7 +27,7 @@
 #include "plan/plan_tables.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
 #include "strategies/strategies.hpp"
-#include "strategies/tile_signal/band_order.hpp"
+#include "strategies/tile_signal/gpu_plan_shape.hpp"
 #include "tilemoe/cuda/ep_moe_layer.hpp"
 #include "tilemoe/cuda/module_loading.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
@@ -138,99 +138,14 @@ void check_against_oracle(const cases::MoeCase& c, const EpWorld& world, const S
   expect(e.within_tolerance(), e.describe());
 }
 
-// The schedule the GPU built for tile_signal, downloaded from every rank, against the host
-// compiler: the GEMM1 table and the band list equal tile_signal_tables' for the same rows; the
-// CPU engine's tile_signal plan at the GPU's tile shape passes validate_plan and runs the same
-// GEMM1 tiles in the same order and ships the same bands in the same order; and the CPU
-// executor running that plan gives the GPU's output within bf16 tolerance.
-void check_device_schedule(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
-                           const std::vector<Routing>& routing, const std::vector<cuda::EpLayerTables>& device,
-                           const std::vector<Matrix>& device_out) {
-  const int n = c.ranks;
-  bool tables_equal = true;
-  for (int r = 0; r < n; ++r) {
-    const cuda::EpLayerTables& d = device[static_cast<std::size_t>(r)];
-    const cuda::TileSignalTables host = cuda::tile_signal_tables(d.row_offset, d.block_offset, n, r, static_cast<int>(c.hidden),
-                                                                 d.band_block);
-    auto same_entry = [](const cuda::GemmTileEntry& a, const cuda::GemmTileEntry& b) {
-      return a.group == b.group && a.row_begin == b.row_begin && a.rows == b.rows && a.col_tile == b.col_tile && a.flag == b.flag;
-    };
-    auto same_band = [](const cuda::TileBand& a, const cuda::TileBand& b) {
-      return a.row_begin == b.row_begin && a.rows == b.rows && a.remote == b.remote && a.id == b.id && a.group == b.group;
-    };
-    tables_equal = tables_equal && host.gemm1.size() == d.gemm1.size() && host.bands.size() == d.bands.size() &&
-                   std::equal(host.gemm1.begin(), host.gemm1.end(), d.gemm1.begin(), same_entry) &&
-                   std::equal(host.bands.begin(), host.bands.end(), d.bands.begin(), same_band);
-  }
-  expect(tables_equal, "every rank's device-built GEMM1 table and band list equal the host compiler's for its rows");
-  if (!sample_tokens(world, routing, cases::kOracleWork).whole()) {
-    // the schedule is the whole step's: a token sample would be another step's schedule
-    std::printf("  (the CPU executor does not run the GPU's schedule here: the whole step exceeds the oracle's work bound)\n");
-    return;
-  }
-
-  PlanOptions o;
-  o.tile_m = cuda::kPlannedTileM;
-  o.tile_n = cuda::kPlannedTileN;
-  o.tile_signal.band_block = device[0].band_block;
-  o.tile_signal.bands_per_segment = device[0].bands_per_segment;
-  const auto plans = compile_plan(Strategy::TileSignal, world, routing, o);
-  bool valid = true;
-  try {
-    validate_plan(plans);
-  } catch (const Error& e) {
-    valid = false;
-    std::printf("  validate_plan: %s\n", e.what());
-  }
-  expect(valid, "validate_plan accepts the CPU engine's plans of the GPU's tile_signal schedule");
-  bool same_order = true;
-  for (int r = 0; r < n; ++r) {
-    const StepPlan& p = plans[static_cast<std::size_t>(r)];
-    const cuda::EpLayerTables& d = device[static_cast<std::size_t>(r)];
-    std::vector<const GemmTile*> gemm1;
-    for (const TaskRef& ref : p.compute_queue) {
-      if (ref.kind == TaskKind::Gemm && p.tiles[ref.index].layer == 1) gemm1.push_back(&p.tiles[ref.index]);
-    }
-    std::size_t i = 0;
-    for (const cuda::GemmTileEntry& e : d.gemm1) {
-      if (e.rows == 0) continue;  // a cluster mate's padding
-      const bool match = i < gemm1.size() && gemm1[i]->expert == e.group && gemm1[i]->row_begin == e.row_begin &&
-                         gemm1[i]->row_end == e.row_begin + e.rows && gemm1[i]->col_begin == std::int64_t{e.col_tile} * o.tile_n;
-      same_order = same_order && match;
-      ++i;
-    }
-    same_order = same_order && i == gemm1.size();
-    // the bands in the order the plan's pieces ship their rows (a piece is one owner's rows of a band)
-    std::vector<std::int64_t> shipped;  // first rows of the bands, in shipping order
-    for (const TaskRef& ref : p.comm_queue) {
-      if (ref.kind != TaskKind::Segment) continue;
-      const Segment& s = p.segments[ref.index];
-      if (s.dst != BufferId::CombineIn) continue;
-      for (const cuda::TileBand& band : d.bands) {
-        if (s.src_row >= band.row_begin && s.src_row < band.row_begin + band.rows) {
-          if (shipped.empty() || shipped.back() != band.row_begin) shipped.push_back(band.row_begin);
-          break;
-        }
-      }
-    }
-    std::vector<std::int64_t> device_order;
-    for (const cuda::TileBand& band : d.bands) device_order.push_back(band.row_begin);
-    same_order = same_order && shipped == device_order;
-  }
-  expect(same_order, "the CPU plan runs the GPU's GEMM1 tiles in the GPU's order, and ships its bands in segments as the consumer does");
-  const cases::OracleErrors e = cases::oracle_errors_of_plans(world, step.inputs, routing, weights, plans, device_out, c.tolerance);
-  expect(e.within_tolerance(), "the CPU executor running the GPU's schedule: " + e.describe());
-}
-
-// The sequential plans the GPU compiled from the step's exchanged counts (`path`: which dispatch
-// path exchanged them), downloaded from every rank: each equals the host compiler's for the same
-// counts at the same tile shape, they pass validate_plan with the routing's per-token tables,
-// and the CPU executor running them gives the GPU's output within bf16 tolerance.
+// The plans the GPU compiled from the step's exchanged counts (`path`: the strategy and which
+// dispatch path exchanged them), downloaded from every rank: each equals the host compiler's
+// (`host_plans`) for the same counts at the same tile shape, they pass validate_plan with the
+// routing's per-token tables, and the CPU executor running them gives the GPU's output within
+// bf16 tolerance.
 void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
                         const std::vector<Routing>& routing, std::vector<StepPlan> device_plans,
-                        const std::vector<Matrix>& device_out, const char* path) {
-  const std::vector<StepPlan> host_plans =
-      plan_detail::compile_sequential_at(world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0));
+                        const std::vector<StepPlan>& host_plans, const std::vector<Matrix>& device_out, const char* path) {
   const plan_detail::HostStepCounts counts = plan_detail::routing_counts(routing, static_cast<int>(c.experts));
   std::string difference;
   for (std::size_t r = 0; r < device_plans.size() && difference.empty(); ++r) {
@@ -239,7 +154,7 @@ void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const Syn
     plan_detail::add_token_tables(device_plans[r], routing[r], counts.view());
   }
   if (!difference.empty()) std::printf("  %s\n", difference.c_str());
-  expect(difference.empty(), std::string("every rank's device-built sequential plan (") + path +
+  expect(difference.empty(), std::string("every rank's device-built plan (") + path +
                                  ") equals the host compiler's for the same counts");
   bool valid = true;
   try {
@@ -278,8 +193,8 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n), tile_out(n), tile_second_out(n), tile_graph_out(n);
   std::vector<Routing> routing(n);
   std::vector<std::string> description(n);
-  std::vector<cuda::EpLayerTables> device_tables(n);
-  std::vector<StepPlan> device_plans(n), host_path_plans(n);
+  std::vector<StepPlan> device_plans(n), host_path_plans(n), tile_plans(n);
+  cuda::TileSignalGpuSchedule tile_schedule;
   cuda::EpMoeLayerHarness build_plan;
   build_plan.build_device_plan = true;
   on_every_rank(vw, [&](int r) {
@@ -320,8 +235,12 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   expect(same_graph, "a CUDA-graph replay of the device path gives the eager output bitwise");
   expect(same_paths, "the device and host dispatch paths give bitwise-identical outputs");
   check_against_oracle(c, world, step, weights, routing, device_out);
-  check_device_plans(c, world, step, weights, routing, std::move(device_plans), device_out, "device dispatch");
-  check_device_plans(c, world, step, weights, routing, std::move(host_path_plans), host_out, "host dispatch");
+  const std::vector<StepPlan> sequential_plans =
+      plan_detail::compile_sequential_at(world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0));
+  check_device_plans(c, world, step, weights, routing, std::move(device_plans), sequential_plans, device_out,
+                     "sequential, device dispatch");
+  check_device_plans(c, world, step, weights, routing, std::move(host_path_plans), sequential_plans, host_out,
+                     "sequential, host dispatch");
 
   if (!with_tile_signal) return;
   // the tile-signal overlap in a world of its own (a failure here leaves the sequential
@@ -341,7 +260,8 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
       cuda::EpMoeLayer ts_layer(config, weights, transport, overlap);
       if (r == 0) description[ri] = ts_layer.description();
       eager_and_replayed(ts_layer, transport, b, T, c.hidden, 2, {&tile_out[ri], &tile_second_out[ri]}, tile_graph_out[ri]);
-      device_tables[ri] = cuda::EpMoeLayerInspector::last_tables(ts_layer, b.stream);
+      tile_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(ts_layer, b.stream);  // as the graph replay compiled it
+      if (r == 0) tile_schedule = cuda::EpMoeLayerInspector::tile_signal_schedule(ts_layer);
     }
     transport.host_barrier();
   });
@@ -353,7 +273,10 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
                 device_out[r].bitwise_equal(tile_graph_out[r]);
   }
   expect(same_tile, "tile_signal gives the sequential output bitwise (two steps and a graph replay)");
-  check_device_schedule(c, world, step, weights, routing, device_tables, tile_out);
+  const std::vector<StepPlan> tile_host_plans = plan_detail::compile_tile_signal_at(
+      world, routing, PlanOptions{},
+      plan_detail::gpu_tile_signal_shape(world.layer, 0, 0, tile_schedule.band_block, tile_schedule.bands_per_segment));
+  check_device_plans(c, world, step, weights, routing, std::move(tile_plans), tile_host_plans, tile_out, "tile_signal");
 }
 
 // A fault on one rank: every rank's step must fail within the timeout with a Timeout error whose

@@ -21,36 +21,35 @@ __device__ inline bool wait_tile_flag(const DeviceTransport& t, const unsigned* 
 
 __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransport t, BandConsumerArgs a) {
   const EpExchangeArgs& x = a.exchange;
-  const int N = t.world, me = t.rank, tid = static_cast<int>(threadIdx.x);
+  const int me = t.rank, tid = static_cast<int>(threadIdx.x);
   const int lane = tid % 32, warp = tid / 32, warps = kConsumerThreads / 32;
   const std::uint64_t epoch = *x.tables.epoch;
-  const int* block = x.tables.block_offset;
-  const int* back = x.tables.return_offset;
   const int row_bytes = x.hidden * 2;
+  const PlanTables& plan = *a.plan;
   __shared__ int s_ok;
-  __shared__ TileBand s_bands[kMaxBandsPerSegment];
   if (tid == 0) s_ok = !x.silent && !transport_failed(t);
   __syncthreads();
-  const int bands = max(*a.band_count, 0);
-  const int per = a.bands_per_segment;
-  const int segments = (bands + per - 1) / per;
-  for (int s = static_cast<int>(blockIdx.x); s < segments; s += static_cast<int>(gridDim.x)) {
-    const int first = s * per, here = min(per, bands - first);
-    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s] = global_timer_ns();
-    if (tid < here) {
-      s_bands[tid] = a.bands[first + tid];
-      if (!wait_tile_flag(t, a.flags + s_bands[tid].id, a.tiles_per_band, epoch)) s_ok = 0;
+  const int segments = max(static_cast<int>(plan.segments.count) - a.first_segment, 0);
+  const int per = a.segments_per_unit;
+  const int units = (segments + per - 1) / per;
+  for (int u = static_cast<int>(blockIdx.x); u < units; u += static_cast<int>(gridDim.x)) {
+    const int first = a.first_segment + u * per, here = min(per, segments - u * per);
+    if (a.unit_times != nullptr && tid == 0) a.unit_times[3 * u] = global_timer_ns();
+    const Segment& head = plan.segments.data[first];  // the unit's segments share these waits
+    if (tid < static_cast<int>(head.wait_count)) {
+      const FlagWait w = plan.waits.data[head.wait_begin + tid];
+      if (!wait_tile_flag(t, a.flags + (static_cast<int>(w.flag) - a.flag_offset), w.expected, epoch)) s_ok = 0;
     }
     __syncthreads();  // extends the flags' acquire to the CTA
     const bool ok = s_ok != 0;
-    __syncthreads();  // all have read s_ok before the next segment's waits may clear it
+    __syncthreads();  // all have read s_ok before the next unit's waits may clear it
     if (!ok) break;
-    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 1] = global_timer_ns();
-    // the segment's rows, a warp per row, each to its source at its place in the source's order;
-    // with link emulation every warp paces its remote rows to its share of the rank's link
-    // (all consumer warps together, from the segment's start: conservative when few are busy)
-    // after its rows, the warp raises their arrival flags at their sources, up to 32 at once
-    // (a lane per row, each a release after the warp's barrier: one fence for 32 rows)
+    if (a.unit_times != nullptr && tid == 0) a.unit_times[3 * u + 1] = global_timer_ns();
+    // the unit's rows, a warp per row, each to its destination's returned rows; with link
+    // emulation every warp paces its remote rows to its share of the rank's link (all consumer
+    // warps together, from the unit's start: conservative when few are busy). After its rows, the
+    // warp raises their arrival flags at their destinations, up to 32 at once (a lane per row,
+    // each a release after the warp's barrier: one fence for 32 rows)
     const bool paced = t.link_bytes_per_ns > 0.0;
     const std::uint64_t copy_start = paced ? global_timer_ns() : 0;
     double sent = 0;
@@ -60,14 +59,13 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
       if (lane < pending) store_release(region_at<std::uint64_t>(t, flag_rank, x.layout.row_arrivals) + flag_row, epoch);
       pending = 0;
     };
-    for (int b = 0; b < here; ++b) {
-      const TileBand band = s_bands[b];
-      for (int r = warp; r < band.rows; r += warps) {
-        const int row = band.row_begin + r;
-        const int q = segment_of(block + band.group * N, 0, N, row);
-        const int dest = back[band.group * N + q] + (row - block[band.group * N + q]);
+    for (int j = 0; j < here; ++j) {
+      const Segment s = plan.segments.data[first + j];
+      const int q = s.dest_rank;
+      for (int r = warp; r < static_cast<int>(s.rows); r += warps) {
+        const int dest = static_cast<int>(s.dst_row) + r;
         copy_row(region_at<std::byte>(t, q, x.layout.returned_rows) + static_cast<std::size_t>(dest) * row_bytes,
-                 x.expert_out + static_cast<std::size_t>(row) * row_bytes, row_bytes, lane);
+                 x.expert_out + static_cast<std::size_t>(s.src_row + r) * row_bytes, row_bytes, lane);
         if (lane == pending) {
           flag_rank = q;
           flag_row = dest;
@@ -82,14 +80,14 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
     }
     if (pending > 0) raise_pending();
     __syncthreads();
-    if (a.segment_times != nullptr && tid == 0) a.segment_times[3 * s + 2] = global_timer_ns();
+    if (a.unit_times != nullptr && tid == 0) a.unit_times[3 * u + 2] = global_timer_ns();
   }
 }
 
 }  // namespace
 
 void launch_band_consumer(cudaStream_t stream, const DeviceTransport& t, const BandConsumerArgs& a) {
-  if (a.ctas < 1 || a.bands_per_segment < 1 || a.bands_per_segment > kMaxBandsPerSegment || a.tiles_per_band < 1) {
+  if (a.ctas < 1 || a.segments_per_unit < 1 || a.plan == nullptr || a.flags == nullptr || a.first_segment < 0) {
     throw_internal("band consumer: bad arguments");
   }
   if (a.ctas % 2 != 0) throw_internal("band consumer: it launches clusters of 2 CTAs");

@@ -1,8 +1,9 @@
 #pragma once
-// tile_signal's order of GEMM1's tiles and of the bands the consumer ships, from the step's row
-// tables: the remote-first schedule of the paper (systems.md 1.2) on bands of consecutive rows
-// of one expert. gpu_schedule.cu builds the same tables on the device; tile_signal_tables is
-// their host twin, which the CPU engine's plan follows and the GPU tests compare with.
+// tile_signal's remote-first order (the paper's, systems.md 1.2) in its plainest form: GEMM1's
+// table and the band list stably partitioned, bands holding other ranks' rows first, from the
+// step's row tables. The compiler (tile_signal_plan.hpp) computes the same order in closed form
+// an entry at a time; this is the reference the tests hold it against (and the tables the GPU
+// built before it compiled plans, which bench/table_schedule.cu still builds for comparison).
 #include <cstdint>
 #include <vector>
 
@@ -10,6 +11,16 @@
 #include "plan/tile_table.hpp"
 
 namespace tilemoe::cuda {
+
+// A row band of the local experts' rows: [row_begin, row_begin + rows), rows <= tile_m, ready
+// when its flag `id` has counted every column tile of the band.
+struct TileBand {
+  std::int32_t row_begin = 0;
+  std::int32_t rows = 0;
+  std::int32_t remote = 0;  // holds rows of another rank (shipped first)
+  std::int32_t id = 0;      // its flag: bands numbered in row order, as TileFlags::PerBand does
+  std::int32_t group = 0;   // the local expert
+};
 
 // Whether rows [lo, hi) of local expert g hold rows of a rank other than `me`, by the split of
 // its rows by source, block_offset [groups * world + 1] (row of block (g, q) = g * world + q).

@@ -37,6 +37,10 @@ struct TileSignalSplit {
 TileSignalSplit choose_tile_signal_split(const TileSignalGpuShape& shape, const TileSignalOptions& options, bool auto_strategy,
                                          const std::function<const GpuRates&()>& rates);
 
+// The most bands one consumer unit waits for: a unit ships nothing until all of them are ready,
+// so larger units only delay the first rows (the sweep tried 1 and 2: BENCHMARKS.md).
+constexpr int kMaxBandsPerSegment = 32;
+
 // GEMM1's side of a split the ranks agreed on.
 struct TileSignalGpuSchedule {
   int consumer_ctas = 0;

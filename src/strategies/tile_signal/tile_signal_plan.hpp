@@ -228,10 +228,18 @@ TILEMOE_HOST_DEVICE inline FlagWait tile_signal_wait(const StepCounts& c, const 
   return FlagWait{m.band_flag + u(band.id), u(sequential_column_tiles(s, 1)), s.rank};
 }
 
+// The most bands of a rank's rows: a partial band per expert at most.
+TILEMOE_HOST_DEVICE inline std::int64_t tile_signal_max_bands(std::int64_t max_rows, int local_experts, std::int64_t tile_m) {
+  return max_rows / tile_m + local_experts;
+}
+// Where the pieces start in the segments table (after the dispatch's W x L segments); the
+// pieces of bands_per_segment consecutive bands (x W) share their waits.
+TILEMOE_HOST_DEVICE inline int tile_signal_first_piece(int world, int local_experts) { return world * local_experts; }
+
 // Room for any step (as sequential_capacity): the band waits and each band's W pieces besides.
 inline PlanCapacity tile_signal_capacity(int world, int local_experts, std::int64_t max_rows, std::int64_t max_tokens,
                                          const SequentialShape& shape) {
-  const std::int64_t bands = max_rows / shape.tile_m + local_experts;
+  const std::int64_t bands = tile_signal_max_bands(max_rows, local_experts, shape.tile_m);
   const std::int64_t tiles = (max_rows / shape.tile_m + 2LL * local_experts) *
                              (sequential_column_tiles(shape, 0) + 1 + sequential_column_tiles(shape, 1) + 1);
   const std::int64_t combines = ceil_div64(max_tokens, shape.combine_tokens);
@@ -247,7 +255,7 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
   const int W = c.world, L = c.local_experts, r = s.rank;
   const TileSignalSummary m = summarize_tile_signal(c, s, prefix);
   const std::int64_t gemm0 = m.seq.layer_tiles[0], tiles = gemm0 + m.seq.layer_tiles[1];
-  const std::int64_t dispatch = 1LL * W * L, segments = dispatch + 1LL * m.bands * W;
+  const std::int64_t dispatch = tile_signal_first_piece(W, L), segments = dispatch + 1LL * m.bands * W;
   const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
   const std::int64_t computes = tiles + combines;
   const auto room = [](std::int64_t entries, std::uint32_t capacity) { return entries <= static_cast<std::int64_t>(capacity); };

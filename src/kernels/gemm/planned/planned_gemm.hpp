@@ -119,6 +119,8 @@ struct PlannedGemmRun {
   __nv_bfloat16* D = nullptr;
   int N = 0, K = 0;
   unsigned* flags = nullptr;                    // device; nullptr: no flags raised
+  int flag_offset = 0;                          // an entry's flag f adds to flags[f - flag_offset] (a plan's
+                                                // flags are numbered per rank; the array holds a range)
   unsigned long long* tile_times = nullptr;     // optional device [2 * entries]: globaltimer at the
                                                 // start of the tile's MMAs and after its flag
   PaddingMma padding_mma = PaddingMma::Default;  // see PaddingMma (others: A/B measurements, stress)

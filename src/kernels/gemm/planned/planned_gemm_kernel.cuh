@@ -172,6 +172,7 @@ struct PlannedGemmTypes {
     int a_rows, N, K, n_out;
     __nv_bfloat16* D;
     unsigned* flags;
+    int flag_offset;
     unsigned long long* tile_times;
     PaddingMma padding_mma;  // resolved on the host: never Default
     int* item_counter;       // dynamic fetch: zeroed by the setup kernel; nullptr: static fetch
@@ -472,7 +473,7 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
       if (mma_thread == 0) {
         if (e.flag >= 0 && params.flags != nullptr) {
           __threadfence();
-          atomicAdd(params.flags + e.flag, 1u);
+          atomicAdd(params.flags + (e.flag - params.flag_offset), 1u);
         }
         if (params.tile_times != nullptr) params.tile_times[2 * index + 1] = planned_globaltimer();
       }
@@ -573,7 +574,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.plan, r.plan_layer, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.tile_times, padding_mma, item_counter, r.probe};
+                                  r.D, r.flags, r.flag_offset, r.tile_times, padding_mma, item_counter, r.probe};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));

@@ -1,18 +1,16 @@
 #pragma once
-// tile_signal's schedule on the GPU (ICPP 2026; systems.md section 1), built on the device right
-// after the dispatch has written the step's tables, with no host synchronisation (the host twin,
-// which the CPU engine's plan and the GPU tests use, is band_order.hpp's tile_signal_tables):
+// tile_signal's schedule as the GPU built it before it compiled plans: GEMM1's tile table
+// reordered remote-first, and the band list, by kernels right after the dispatch. Kept for the
+// benchmarks that weigh against it: device_plan_bench (the compile against these builds) and
+// signal_cost_bench (the flags' cost in that order). The layer runs tile_signal_plan.hpp's plan.
 //  - GEMM1's tile table (the sequential table of build_tile_table, in band blocks) reordered so
 //    that the cluster items of bands holding other ranks' rows come first, stably;
-//  - the bands in the same remote-first order, which the band consumer (exec/cuda) ships in
-//    segments of bands_per_segment as their flags complete;
-// The rows, the GEMM configuration and the destinations are those of the sequential step, so
-// the combine input, and with it the output, is bitwise the same.
+//  - the bands in the same remote-first order.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "band_order.hpp"
+#include "strategies/tile_signal/band_order.hpp"
 #include "plan/gpu_tables.hpp"
 
 namespace tilemoe::cuda {

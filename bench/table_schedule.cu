@@ -1,4 +1,4 @@
-#include "gpu_schedule.hpp"
+#include "table_schedule.hpp"
 
 #include "exec/cuda/row_copy.cuh"
 #include "kernels/gemm/planned/planned_gemm.hpp"
