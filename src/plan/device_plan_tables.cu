@@ -1,5 +1,8 @@
 #include "device_plan_tables.hpp"
 
+#include <algorithm>
+#include <climits>
+
 #include "core/cuda/device_footprint.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 
@@ -46,6 +49,13 @@ DevicePlanTables::DevicePlanTables(const plan_detail::PlanCapacity& capacity, in
   tables.compute_queue = {compute_queue_.data(), n[kComputeQueueTable], 0};
   tables.comm_queue = {comm_queue_.data(), n[kCommQueueTable], 0};
   view_ = DeviceArray<PlanTables>(&tables, 1);
+  empty_ = tables;
+}
+
+int DevicePlanTables::most_entries() const {
+  std::uint32_t most = 1;
+  for (std::uint32_t n : capacity_.entries) most = std::max(most, n);
+  return static_cast<int>(std::min<std::uint32_t>(most, INT_MAX));
 }
 
 namespace {

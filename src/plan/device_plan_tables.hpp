@@ -21,6 +21,10 @@ class DevicePlanTables {
   static DeviceFootprint device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts);
 
   PlanTables* view() const { return view_.data(); }   // [1] the tables, as the compiler writes them
+  // The tables' pointers and room with no entries (what a compiler kernel takes by value, so
+  // that its CTAs never read the header and counts its first thread writes).
+  const PlanTables& empty_tables() const { return empty_; }
+  int most_entries() const;  // the largest table's room: a compiler's threads, one per entry
   FlagWait* waits() const { return waits_.data(); }  // the waits table (a test corrupts one)
   int* offset() const { return offset_.data(); }      // [world][experts + 1] the compiler's scratch
   int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
@@ -47,6 +51,7 @@ class DevicePlanTables {
   DeviceArray<CombineTask> combines_;
   DeviceArray<TaskRef> compute_queue_, comm_queue_;
   DeviceArray<PlanTables> view_;
+  PlanTables empty_;
   DeviceArray<int> offset_, rank_row_, prefix_;
 };
 

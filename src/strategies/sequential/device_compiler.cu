@@ -1,5 +1,7 @@
 #include "device_compiler.hpp"
 
+#include <algorithm>
+
 #include "device_counts.cuh"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
@@ -8,17 +10,25 @@ namespace tilemoe::cuda {
 
 namespace {
 
-constexpr int kCompilerThreads = 1024;
+constexpr int kPrefixThreads = 1024;
+constexpr int kEntryThreads = 256;
 
-// The counts and prefix sums (device_counts.cuh), then every table a thread per entry.
-__global__ void __launch_bounds__(kCompilerThreads) compile_sequential_kernel(const int* counts, const int* offsets, int world,
-                                                                             int experts, int* offset, int* rank_row, int* prefix,
-                                                                             plan_detail::SequentialShape shape, PlanTables* plan) {
-  PlanTables tables = *plan;  // every thread's pointers and room; thread 0 writes the counts back at the end
-  const plan_detail::StepCounts view =
-      device_compile::counts_and_prefix(counts, offsets, world, experts, offset, rank_row, prefix, shape);
-  plan_detail::compile_sequential_tables(view, shape, prefix, tables, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
-  if (threadIdx.x == 0) *plan = tables;
+// The counts and prefix sums (device_counts.cuh) on one CTA, into the plan's scratch.
+__global__ void __launch_bounds__(kPrefixThreads) sequential_prefix_kernel(const int* counts, const int* offsets, int world,
+                                                                          int experts, int* offset, int* rank_row, int* prefix,
+                                                                          plan_detail::SequentialShape shape) {
+  device_compile::counts_and_prefix(counts, offsets, world, experts, offset, rank_row, prefix, shape);
+}
+
+// Every table a thread per entry over the whole grid; the first thread writes the header and
+// the counts (`tables`: the pointers and room, by value, so no CTA reads what it writes).
+__global__ void __launch_bounds__(kEntryThreads) sequential_tables_kernel(int world, int experts, const int* offset, const int* rank_row,
+                                                                         const int* prefix, plan_detail::SequentialShape shape,
+                                                                         PlanTables tables, PlanTables* plan) {
+  const plan_detail::StepCounts view{world, experts, experts / world, offset, rank_row};
+  const int lane = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), lanes = static_cast<int>(gridDim.x * blockDim.x);
+  plan_detail::compile_sequential_tables(view, shape, prefix, tables, lane, lanes);
+  if (lane == 0) *plan = tables;
 }
 
 }  // namespace
@@ -26,9 +36,13 @@ __global__ void __launch_bounds__(kCompilerThreads) compile_sequential_kernel(co
 void launch_compile_sequential(cudaStream_t stream, const int* counts, const int* offsets,
                                const plan_detail::SequentialShape& shape, const DevicePlanTables& plan) {
   if (counts == nullptr && offsets == nullptr) throw_internal("sequential device compiler: no counts");
-  compile_sequential_kernel<<<1, kCompilerThreads, 0, stream>>>(counts, offsets, plan.world(), plan.experts(), plan.offset(),
-                                                                plan.rank_row(), plan.prefix(), shape, plan.view());
-  TILEMOE_CUDA_CHECK_LAUNCH("sequential plan compiler");
+  sequential_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(counts, offsets, plan.world(), plan.experts(), plan.offset(),
+                                                             plan.rank_row(), plan.prefix(), shape);
+  TILEMOE_CUDA_CHECK_LAUNCH("sequential plan compiler (prefix sums)");
+  const int ctas = std::min((plan.most_entries() + kEntryThreads - 1) / kEntryThreads, 1024);
+  sequential_tables_kernel<<<ctas, kEntryThreads, 0, stream>>>(plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
+                                                               plan.prefix(), shape, plan.empty_tables(), plan.view());
+  TILEMOE_CUDA_CHECK_LAUNCH("sequential plan compiler (tables)");
 }
 
 }  // namespace tilemoe::cuda

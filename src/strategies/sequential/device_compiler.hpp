@@ -1,7 +1,8 @@
 #pragma once
-// The sequential strategy's compiler on the GPU: sequential_plan.hpp's code path in a one-CTA
-// kernel of 1024 threads (an entry per thread), right after the dispatch, from the counts the
-// step has exchanged.
+// The sequential strategy's compiler on the GPU: sequential_plan.hpp's code path, right after
+// the dispatch, from the counts the step has exchanged, in two kernels: the prefix sums on one
+// CTA (device_counts.cuh), then every table an entry per thread over a grid (one CTA for all
+// entries was 3-5x slower than the table builds it replaced: BENCHMARKS.md, fifth cut).
 #include <cuda_runtime.h>
 
 #include "plan/device_plan_tables.hpp"

@@ -1,5 +1,6 @@
 #pragma once
-// What every device plan compiler does first, on one CTA: every rank's row offsets, each rank's
+// What every device plan compiler does first, on one CTA (its tables kernel then reads these from
+// the plan's scratch): every rank's row offsets, each rank's
 // ExpertIn rows per local expert, and the sequential prefix sums over the local experts, a
 // warp-wide scan each (the host sums them on one thread: step_counts.hpp, sequential_prefix).
 // The sequential compiler then writes its tables; tile_signal adds a prefix of its own first.

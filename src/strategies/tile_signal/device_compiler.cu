@@ -1,5 +1,7 @@
 #include "device_compiler.hpp"
 
+#include <algorithm>
+
 #include "strategies/sequential/device_counts.cuh"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
@@ -8,14 +10,14 @@ namespace tilemoe::cuda {
 
 namespace {
 
-constexpr int kCompilerThreads = 1024;
+constexpr int kPrefixThreads = 1024;
+constexpr int kEntryThreads = 256;
 
-// The counts and the sequential prefix sums (device_counts.cuh), the remote pairs' prefix sum
-// with one warp, then every table a thread per entry.
-__global__ void __launch_bounds__(kCompilerThreads) compile_tile_signal_kernel(const int* counts, int world, int experts, int* offset,
-                                                                              int* rank_row, int* prefix,
-                                                                              plan_detail::TileSignalShape shape, PlanTables* plan) {
-  PlanTables tables = *plan;
+// The counts and the sequential prefix sums (device_counts.cuh), then the remote pairs' prefix
+// sum with one warp, on one CTA, into the plan's scratch.
+__global__ void __launch_bounds__(kPrefixThreads) tile_signal_prefix_kernel(const int* counts, int world, int experts, int* offset,
+                                                                           int* rank_row, int* prefix,
+                                                                           plan_detail::TileSignalShape shape) {
   const plan_detail::StepCounts view =
       device_compile::counts_and_prefix(counts, nullptr, world, experts, offset, rank_row, prefix, shape.gemm);
   const int L = view.local_experts;
@@ -23,9 +25,16 @@ __global__ void __launch_bounds__(kCompilerThreads) compile_tile_signal_kernel(c
     device_compile::warp_exclusive_prefix(L, prefix + plan_detail::sequential_prefix_size(L), static_cast<int>(threadIdx.x),
                                           [&](int e) { return plan_detail::tile_signal_remote_pairs(view, shape.gemm, e); });
   }
-  __syncthreads();
-  plan_detail::compile_tile_signal_tables(view, shape, prefix, tables, static_cast<int>(threadIdx.x), static_cast<int>(blockDim.x));
-  if (threadIdx.x == 0) *plan = tables;
+}
+
+// Every table a thread per entry over the whole grid (as the sequential compiler's).
+__global__ void __launch_bounds__(kEntryThreads) tile_signal_tables_kernel(int world, int experts, const int* offset, const int* rank_row,
+                                                                          const int* prefix, plan_detail::TileSignalShape shape,
+                                                                          PlanTables tables, PlanTables* plan) {
+  const plan_detail::StepCounts view{world, experts, experts / world, offset, rank_row};
+  const int lane = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), lanes = static_cast<int>(gridDim.x * blockDim.x);
+  plan_detail::compile_tile_signal_tables(view, shape, prefix, tables, lane, lanes);
+  if (lane == 0) *plan = tables;
 }
 
 }  // namespace
@@ -36,9 +45,13 @@ void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const pl
   if (plan_detail::tile_signal_prefix_size(plan.experts() / plan.world()) > DevicePlanTables::prefix_room(plan.world(), plan.experts())) {
     throw_internal("tile_signal device compiler: the plan's prefix room is too small");
   }
-  compile_tile_signal_kernel<<<1, kCompilerThreads, 0, stream>>>(counts, plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
-                                                                 plan.prefix(), shape, plan.view());
-  TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler");
+  tile_signal_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(counts, plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
+                                                              plan.prefix(), shape);
+  TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler (prefix sums)");
+  const int ctas = std::min((plan.most_entries() + kEntryThreads - 1) / kEntryThreads, 1024);
+  tile_signal_tables_kernel<<<ctas, kEntryThreads, 0, stream>>>(plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
+                                                                plan.prefix(), shape, plan.empty_tables(), plan.view());
+  TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler (tables)");
 }
 
 }  // namespace tilemoe::cuda

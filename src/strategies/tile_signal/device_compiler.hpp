@@ -1,7 +1,7 @@
 #pragma once
-// tile_signal's compiler on the GPU: tile_signal_plan.hpp's code path in a one-CTA kernel of
-// 1024 threads (an entry per thread), right after the dispatch, from the counts the step has
-// exchanged.
+// tile_signal's compiler on the GPU: tile_signal_plan.hpp's code path, right after the
+// dispatch, from the counts the step has exchanged: the prefix sums on one CTA, then every
+// table an entry per thread over a grid (as the sequential compiler).
 #include <cuda_runtime.h>
 
 #include "plan/device_plan_tables.hpp"
