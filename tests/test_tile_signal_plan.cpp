@@ -1,7 +1,7 @@
 // tile_signal's counts-only compiler (tile_signal_plan.hpp), which the host runs for the CPU
-// engine and the GPU is to run every step: at the GPU's order it is the schedule the GPU builds
-// today (tile_signal_tables, the host twin of gpu_schedule.cu), its lanes may run in any order,
-// and every band's pieces ship its rows exactly once, each row raising its own arrival flag.
+// engine and the GPU every step: its closed-form order is the plain stable partition
+// (tile_signal_tables, band_order.hpp), its lanes may run in any order, and every band's pieces
+// ship its rows exactly once, each row raising its own arrival flag.
 #include <gtest/gtest.h>
 
 #include <algorithm>
