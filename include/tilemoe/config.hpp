@@ -16,6 +16,42 @@ enum class Activation : std::uint8_t {
 std::string_view activation_name(Activation activation);
 Activation parse_activation(std::string_view name);
 
+// How the router turns a token's logits into expert scores (transformers' model code is the
+// reference; NOTES.md names the functions matched): softmax over all experts (Mixtral, Qwen),
+// sigmoid (DeepSeek-V3), sqrt(softplus) (DeepSeek-V4), or the logits themselves (GPT-OSS, whose
+// weights are then a softmax over the k selected logits: RouterWeights::SoftmaxOfSelected).
+enum class ScoreFunction : std::uint8_t { Softmax, Sigmoid, SqrtSoftplus, Logits };
+std::string_view score_function_name(ScoreFunction function);
+ScoreFunction parse_score_function(std::string_view name);  // "softmax", "sigmoid", "sqrt-softplus", "logits"
+
+// The chosen experts' weights: their scores (unbiased), or a softmax over their scores taken in
+// slot order (GPT-OSS: softmax after top-k).
+enum class RouterWeights : std::uint8_t { Scores, SoftmaxOfSelected };
+std::string_view router_weights_name(RouterWeights weights);
+RouterWeights parse_router_weights(std::string_view name);  // "scores", "softmax-of-selected"
+
+// The routing rule of a layer beyond top-k (routing.hpp gives the order of every step). The
+// defaults are Mixtral's: softmax scores, top-k over all experts, the scores as weights.
+struct RouterConfig {
+  ScoreFunction score = ScoreFunction::Softmax;
+  // Group-limited selection (DeepSeek-V3's n_group / topk_group): the experts split into
+  // `groups` equal groups of consecutive ids; a group's score is the sum of its two best
+  // selection scores; only the experts of the best `top_groups` groups may be chosen, the others'
+  // selection scores count as 0 (as transformers masks them). 1 / 1: no groups.
+  std::int64_t groups = 1;
+  std::int64_t top_groups = 1;
+  RouterWeights weights = RouterWeights::Scores;
+  // With MoeConfig::renormalize, the weights are divided by their sum plus this (DeepSeek: 1e-20).
+  float renormalize_epsilon = 0.0f;
+  // Every weight is multiplied by this last (DeepSeek's routed_scaling_factor: 2.5 in V3).
+  float scaling = 1.0f;
+
+  bool is_default() const {
+    return score == ScoreFunction::Softmax && groups == 1 && top_groups == 1 && weights == RouterWeights::Scores &&
+           renormalize_epsilon == 0.0f && scaling == 1.0f;
+  }
+};
+
 // The most experts a layer may have: far above any published model, low enough that a count
 // past it is a typo (and that an expert index from a file fits in 7 decimal digits).
 constexpr std::int64_t kMaxExperts = std::int64_t{1} << 20;
@@ -31,7 +67,8 @@ struct MoeConfig {
   std::int64_t num_experts = 0;   // E
   std::int64_t top_k = 0;         // experts per token, 1..E
   Activation activation = Activation::SwiGLU;
-  bool renormalize = false;       // divide the k selected softmax weights by their sum
+  bool renormalize = false;       // divide the k selected weights by their sum
+  RouterConfig router;            // the scores, groups and weights (Mixtral's by default)
   // 0 = dropless. Otherwise each rank keeps, for each expert, at most
   // ceil(capacity_factor * tokens * top_k / num_experts) of its own token slots; see routing.hpp.
   double capacity_factor = 0.0;

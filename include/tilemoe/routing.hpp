@@ -1,11 +1,21 @@
 #pragma once
 // Routing: router logits -> per token the top-k experts and their weights.
 //
-// Rules every backend follows:
-//  - softmax over all E logits in fp32 (subtract the max, exp, sum in expert order, divide);
-//  - the k largest probabilities are chosen; equal ones go to the lower expert id; slots are
-//    in that order (descending weight, then ascending id): this is the "top-k slot order";
-//  - with renormalisation the k weights are divided by their sum (summed in slot order);
+// Rules every backend follows (MoeConfig::router says which function and options; the defaults
+// are Mixtral's, and then this is exactly the rule the CUDA router runs):
+//  - scores in fp32: softmax over all E logits (subtract the max, exp, sum in expert order,
+//    divide), sigmoid 1 / (1 + exp(-x)), sqrt(softplus(x)) (softplus = x past 20, as torch's,
+//    else log1p(exp(x))), or the logits themselves;
+//  - selection scores: the scores plus the selection bias, if any (used to choose only);
+//  - with groups: a group's score is the sum of its two largest selection scores (the larger
+//    first); the top_groups best groups are kept (equal ones: the lower group id), and the
+//    other experts' selection scores become 0;
+//  - the k largest selection scores are chosen; equal ones go to the lower expert id; slots are
+//    in that order (descending selection score, then ascending id): the "top-k slot order";
+//  - weights: the chosen experts' scores (unbiased), or a softmax over them (max subtracted,
+//    exp, sum in slot order, divide);
+//  - with renormalisation the k weights are divided by (their sum in slot order + epsilon);
+//  - then multiplied by the router's scaling;
 //  - with a capacity factor, see apply_capacity below.
 #include <cstdint>
 #include <span>
@@ -28,8 +38,10 @@ struct Routing {
 };
 
 // `logits` is [config.tokens, config.num_experts] row-major. A NaN or infinite logit is a
-// bad-input error naming the rank, the token and the expert.
-Routing route(const MoeConfig& config, std::span<const float> logits, int rank);
+// bad-input error naming the rank, the token and the expert. `selection_bias`: empty, or one
+// finite value per expert added to the scores to choose only (DeepSeek-V3's
+// e_score_correction_bias).
+Routing route(const MoeConfig& config, std::span<const float> logits, int rank, std::span<const float> selection_bias = {});
 
 // Drop policy for capacity_factor > 0 (local to each rank, so it needs no communication):
 // capacity C = ceil(capacity_factor * tokens * top_k / num_experts) per expert. Slots claim
@@ -45,7 +57,8 @@ std::int64_t expert_capacity(const MoeConfig& config);
 
 namespace tilemoe {
 
-// Routes every rank of a world: logits[r] is rank r's [tokens_r, E].
-std::vector<Routing> route_world(const EpWorld& world, const std::vector<std::vector<float>>& logits);
+// Routes every rank of a world: logits[r] is rank r's [tokens_r, E]; one selection bias for all.
+std::vector<Routing> route_world(const EpWorld& world, const std::vector<std::vector<float>>& logits,
+                                 std::span<const float> selection_bias = {});
 
 }  // namespace tilemoe

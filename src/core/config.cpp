@@ -19,6 +19,33 @@ Activation parse_activation(std::string_view name) {
   throw_bad_input("unknown activation '" + std::string(name) + "': use swiglu or gelu");
 }
 
+std::string_view score_function_name(ScoreFunction function) {
+  switch (function) {
+    case ScoreFunction::Softmax: return "softmax";
+    case ScoreFunction::Sigmoid: return "sigmoid";
+    case ScoreFunction::SqrtSoftplus: return "sqrt-softplus";
+    case ScoreFunction::Logits: return "logits";
+  }
+  return "?";
+}
+
+ScoreFunction parse_score_function(std::string_view name) {
+  for (ScoreFunction f : {ScoreFunction::Softmax, ScoreFunction::Sigmoid, ScoreFunction::SqrtSoftplus, ScoreFunction::Logits}) {
+    if (name == score_function_name(f)) return f;
+  }
+  throw_bad_input("unknown score function '" + std::string(name) + "': use softmax, sigmoid, sqrt-softplus or logits");
+}
+
+std::string_view router_weights_name(RouterWeights weights) {
+  return weights == RouterWeights::Scores ? "scores" : "softmax-of-selected";
+}
+
+RouterWeights parse_router_weights(std::string_view name) {
+  if (name == "scores") return RouterWeights::Scores;
+  if (name == "softmax-of-selected") return RouterWeights::SoftmaxOfSelected;
+  throw_bad_input("unknown router weights '" + std::string(name) + "': use scores or softmax-of-selected");
+}
+
 std::int64_t local_expert_count(const MoeConfig& config, const ParallelConfig& parallel) {
   return config.num_experts / parallel.world_size;
 }
@@ -84,6 +111,29 @@ void validate(const MoeConfig& config) {
     throw_bad_input("capacity_factor = " + number_text(config.capacity_factor) + " is more than " +
                     std::to_string(static_cast<int>(kMaxCapacityFactor)) +
                     ": a factor of num_experts / top_k already drops nothing; use 0 for dropless");
+  }
+  const RouterConfig& r = config.router;
+  if (r.groups < 1 || config.num_experts % r.groups != 0) {
+    throw_bad_input("router groups = " + std::to_string(r.groups) + " must divide num_experts = " +
+                    std::to_string(config.num_experts) + " (1 = no groups)");
+  }
+  if (r.top_groups < 1 || r.top_groups > r.groups) {
+    throw_bad_input("router top_groups = " + std::to_string(r.top_groups) + " is outside [1, groups = " + std::to_string(r.groups) + "]");
+  }
+  const std::int64_t group_size = config.num_experts / r.groups;
+  if (r.groups > 1 && group_size < 2) {
+    throw_bad_input("router groups of " + std::to_string(group_size) + " expert: a group's score is the sum of its two best "
+                    "experts, so each group needs at least 2 (use fewer groups)");
+  }
+  if (r.groups > 1 && r.top_groups * group_size < config.top_k) {
+    throw_bad_input("top_k = " + std::to_string(config.top_k) + " experts cannot come from " + std::to_string(r.top_groups) +
+                    " group(s) of " + std::to_string(group_size) + ": raise top_groups");
+  }
+  if (!std::isfinite(r.renormalize_epsilon) || r.renormalize_epsilon < 0.0f) {
+    throw_bad_input("router renormalize_epsilon = " + number_text(r.renormalize_epsilon) + " must be 0 or positive");
+  }
+  if (!std::isfinite(r.scaling) || r.scaling <= 0.0f) {
+    throw_bad_input("router scaling = " + number_text(r.scaling) + " must be positive and finite");
   }
 }
 

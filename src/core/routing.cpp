@@ -9,14 +9,85 @@
 
 namespace tilemoe {
 
-Routing route(const MoeConfig& config, std::span<const float> logits, int rank) {
+namespace {
+
+// torch's softplus (beta 1, threshold 20): the input itself past the threshold.
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// A token's scores from its logits, by the router's function.
+void score_token(ScoreFunction function, const float* logits, std::int64_t experts, float* scores) {
+  switch (function) {
+    case ScoreFunction::Softmax: {
+      float max_logit = logits[0];
+      for (std::int64_t e = 0; e < experts; ++e) max_logit = std::max(max_logit, logits[e]);
+      float sum = 0.0f;
+      for (std::int64_t e = 0; e < experts; ++e) {
+        scores[e] = std::exp(logits[e] - max_logit);
+        sum += scores[e];
+      }
+      for (std::int64_t e = 0; e < experts; ++e) scores[e] /= sum;
+      return;
+    }
+    case ScoreFunction::Sigmoid:
+      for (std::int64_t e = 0; e < experts; ++e) scores[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+      return;
+    case ScoreFunction::SqrtSoftplus:
+      for (std::int64_t e = 0; e < experts; ++e) scores[e] = std::sqrt(softplus(logits[e]));
+      return;
+    case ScoreFunction::Logits:
+      std::copy(logits, logits + experts, scores);
+      return;
+  }
+}
+
+// Keeps the experts of the best `top_groups` of `groups` groups: the others' selection scores
+// become 0 (transformers' DeepseekV3TopkRouter.get_topk_indices masks them so).
+void limit_to_groups(const RouterConfig& r, std::int64_t experts, float* choice, std::vector<float>& group_score,
+                     std::vector<std::int32_t>& group_order) {
+  const std::int64_t size = experts / r.groups;
+  group_score.resize(static_cast<std::size_t>(r.groups));
+  group_order.resize(static_cast<std::size_t>(r.groups));
+  for (std::int64_t g = 0; g < r.groups; ++g) {
+    float best = -INFINITY, second = -INFINITY;
+    for (std::int64_t e = g * size; e < (g + 1) * size; ++e) {
+      if (choice[e] > best) {
+        second = best;
+        best = choice[e];
+      } else if (choice[e] > second) {
+        second = choice[e];
+      }
+    }
+    group_score[static_cast<std::size_t>(g)] = best + second;
+  }
+  std::iota(group_order.begin(), group_order.end(), 0);
+  std::partial_sort(group_order.begin(), group_order.begin() + r.top_groups, group_order.end(), [&](std::int32_t a, std::int32_t b) {
+    if (group_score[a] != group_score[b]) return group_score[a] > group_score[b];
+    return a < b;
+  });
+  for (std::int64_t i = r.top_groups; i < r.groups; ++i) {
+    const std::int64_t g = group_order[static_cast<std::size_t>(i)];
+    std::fill(choice + g * size, choice + (g + 1) * size, 0.0f);
+  }
+}
+
+}  // namespace
+
+Routing route(const MoeConfig& config, std::span<const float> logits, int rank, std::span<const float> selection_bias) {
   validate(config);
   const std::int64_t experts = config.num_experts;
   const std::int64_t k = config.top_k;
+  const RouterConfig& router = config.router;
   if (static_cast<std::int64_t>(logits.size()) != config.tokens * experts) {
     throw_bad_input("rank " + std::to_string(rank) + ": router logits have " +
                     std::to_string(logits.size()) + " values, expected tokens x experts = " +
                     std::to_string(config.tokens) + " x " + std::to_string(experts));
+  }
+  if (!selection_bias.empty() && static_cast<std::int64_t>(selection_bias.size()) != experts) {
+    throw_bad_input("the router's selection bias has " + std::to_string(selection_bias.size()) + " values, one per expert is " +
+                    std::to_string(experts));
+  }
+  for (std::size_t e = 0; e < selection_bias.size(); ++e) {
+    if (!std::isfinite(selection_bias[e])) throw_bad_input("the router's selection bias of expert " + std::to_string(e) + " is not finite");
   }
   Routing routing;
   routing.tokens = config.tokens;
@@ -25,11 +96,12 @@ Routing route(const MoeConfig& config, std::span<const float> logits, int rank) 
   routing.weight.resize(routing.expert.size());
   routing.kept.assign(routing.expert.size(), 1);
 
-  std::vector<float> probability(static_cast<std::size_t>(experts));
+  std::vector<float> score(static_cast<std::size_t>(experts)), choice(static_cast<std::size_t>(experts));
   std::vector<std::int32_t> order(static_cast<std::size_t>(experts));
+  std::vector<float> group_score, weight(static_cast<std::size_t>(k));
+  std::vector<std::int32_t> group_order;
   for (std::int64_t token = 0; token < config.tokens; ++token) {
     const float* row = logits.data() + token * experts;
-    float max_logit = row[0];
     for (std::int64_t e = 0; e < experts; ++e) {
       if (!std::isfinite(row[e])) {
         throw_bad_input("rank " + std::to_string(rank) + ", token " + std::to_string(token) +
@@ -37,28 +109,39 @@ Routing route(const MoeConfig& config, std::span<const float> logits, int rank) 
                         (std::isnan(row[e]) ? "NaN" : "infinite") +
                         "; the router produced invalid values");
       }
-      max_logit = std::max(max_logit, row[e]);
     }
-    float sum = 0.0f;
+    score_token(router.score, row, experts, score.data());
     for (std::int64_t e = 0; e < experts; ++e) {
-      probability[e] = std::exp(row[e] - max_logit);
-      sum += probability[e];
+      choice[e] = selection_bias.empty() ? score[e] : score[e] + selection_bias[static_cast<std::size_t>(e)];
     }
-    for (std::int64_t e = 0; e < experts; ++e) probability[e] /= sum;
+    if (router.groups > 1) limit_to_groups(router, experts, choice.data(), group_score, group_order);
 
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + k, order.end(),
                       [&](std::int32_t a, std::int32_t b) {
-                        if (probability[a] != probability[b]) return probability[a] > probability[b];
+                        if (choice[a] != choice[b]) return choice[a] > choice[b];
                         return a < b;
                       });
-    float selected_sum = 0.0f;
-    for (std::int64_t j = 0; j < k; ++j) selected_sum += probability[order[j]];
+    for (std::int64_t j = 0; j < k; ++j) weight[j] = score[order[j]];
+    if (router.weights == RouterWeights::SoftmaxOfSelected) {
+      const float top = *std::max_element(weight.begin(), weight.end());
+      float sum = 0.0f;
+      for (float& w : weight) {
+        w = std::exp(w - top);
+        sum += w;
+      }
+      for (float& w : weight) w /= sum;
+    }
+    if (config.renormalize) {
+      float selected_sum = 0.0f;
+      for (std::int64_t j = 0; j < k; ++j) selected_sum += weight[j];
+      const float denominator = selected_sum + router.renormalize_epsilon;
+      for (float& w : weight) w /= denominator;
+    }
     for (std::int64_t j = 0; j < k; ++j) {
       const std::size_t s = routing.slot(token, j);
       routing.expert[s] = order[j];
-      routing.weight[s] = config.renormalize ? probability[order[j]] / selected_sum
-                                             : probability[order[j]];
+      routing.weight[s] = weight[j] * router.scaling;
     }
   }
   apply_capacity(config, routing);
@@ -97,14 +180,15 @@ void apply_capacity(const MoeConfig& config, Routing& routing) {
 
 namespace tilemoe {
 
-std::vector<Routing> route_world(const EpWorld& world, const std::vector<std::vector<float>>& logits) {
+std::vector<Routing> route_world(const EpWorld& world, const std::vector<std::vector<float>>& logits,
+                                 std::span<const float> selection_bias) {
   if (logits.size() != world.tokens_per_rank.size()) {
     throw_bad_input("router logits are given for " + std::to_string(logits.size()) + " ranks, the world has " +
                     std::to_string(world.tokens_per_rank.size()));
   }
   std::vector<Routing> routing;
   for (int rank = 0; rank < world.world_size(); ++rank) {
-    routing.push_back(route(world.rank_config(rank), logits[static_cast<std::size_t>(rank)], rank));
+    routing.push_back(route(world.rank_config(rank), logits[static_cast<std::size_t>(rank)], rank, selection_bias));
   }
   return routing;
 }

@@ -177,9 +177,14 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
   // the planned GEMMs walk the step's device-built plan (tile_signal's room holds the sequential one)
   const plan_detail::SequentialShape plan_shape = plan_detail::gpu_sequential_shape(c, 0, c.tokens);
-  const plan_detail::PlanCapacity plan_room =
-      may_overlap ? plan_detail::tile_signal_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape)
-                  : plan_detail::sequential_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
+  // (auto may end up sequential: room for either then, table by table)
+  plan_detail::PlanCapacity plan_room =
+      plan_detail::sequential_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
+  if (may_overlap) {
+    const plan_detail::PlanCapacity overlap_room =
+        plan_detail::tile_signal_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
+    for (std::size_t t = 0; t < plan_room.entries.size(); ++t) plan_room.entries[t] = std::max(plan_room.entries[t], overlap_room.entries[t]);
+  }
   if (options.gemm == GemmPath::Planned) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts)));
   const auto band_room = static_cast<std::size_t>(
       plan_detail::tile_signal_max_bands(layout.receive_capacity, static_cast<int>(local_experts), plan_shape.tile_m) + 1);
@@ -607,7 +612,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       if (overlap) {
         launch_compile_tile_signal(stream, counts, m.tile_signal_plan_shape(T), *m.device_plan);
         if (m.harness.unsignalled_band_wait) {  // the first band wait names the flag no tile raises
-          const int band_wait = m.world + 1;  // after the dispatch's and GEMM0's (tile_signal_plan.hpp)
+          // after the dispatch's waits and GEMM0's (tile_signal_plan.hpp), which a rank with rows
+          // has: on a rank without rows this lands past the waits in use and corrupts nothing
+          const int band_wait = m.world + 1;
           TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&m.device_plan->waits()[band_wait].flag, &m.unsignalled_flag, sizeof(int),
                                              cudaMemcpyHostToDevice, stream));
         }

@@ -14,6 +14,12 @@ void validate_cuda_layer(const MoeConfig& c) {
   if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
   if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
   if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
+  if (!c.router.is_default()) {
+    throw_bad_input("the CUDA router runs softmax top-k only for now (" + std::string(score_function_name(c.router.score)) +
+                    " scores, " + std::to_string(c.router.groups) + " group(s), " +
+                    std::string(router_weights_name(c.router.weights)) +
+                    " weights asked): run this routing on the CPU engine (--backend cpu)");
+  }
 }
 
 void LayerRouting::allocate(const MoeConfig& c) {

@@ -296,6 +296,11 @@ int run(const RunOptions& options) {
                     {"hidden", layer.hidden}, {"ffn_hidden", layer.ffn_hidden}, {"experts", layer.num_experts},
                     {"top_k", layer.top_k}, {"activation", activation_name(layer.activation)},
                     {"renormalize", layer.renormalize}, {"capacity_factor", layer.capacity_factor},
+                    {"router", {{"score_function", score_function_name(layer.router.score)},
+                                {"groups", layer.router.groups}, {"top_groups", layer.router.top_groups},
+                                {"weights", router_weights_name(layer.router.weights)},
+                                {"renormalize_epsilon", layer.router.renormalize_epsilon},
+                                {"scaling", layer.router.scaling}}},
                     {"dtype", dtype_name(layer.dtype)}, {"routed_rows", routed}};
     doc["source"] = step.source;
     doc["backend"] = options.backend;

@@ -30,7 +30,13 @@ void StepOptions::add_to(CLI::App& app) {
   experts_option = app.add_option("--experts", experts, "number of experts E (divisible by --ranks)")->capture_default_str();
   app.add_option("--top-k", top_k, "experts per token")->capture_default_str();
   app.add_option("--activation", activation, "swiglu or gelu")->capture_default_str();
-  app.add_flag("--renormalize", renormalize, "divide the k chosen softmax weights by their sum");
+  app.add_flag("--renormalize", renormalize, "divide the k chosen weights by their sum (plus --renormalize-epsilon)");
+  app.add_option("--score-function", score_function, "router scores: softmax, sigmoid, sqrt-softplus or logits")->capture_default_str();
+  app.add_option("--expert-groups", expert_groups, "group-limited routing: experts in this many equal groups (1 = none)")->capture_default_str();
+  app.add_option("--top-groups", top_groups, "group-limited routing: the experts of this many best groups may be chosen")->capture_default_str();
+  app.add_option("--router-weights", router_weights, "the chosen experts' weights: scores or softmax-of-selected")->capture_default_str();
+  app.add_option("--renormalize-epsilon", renormalize_epsilon, "added to the weights' sum when renormalising")->capture_default_str();
+  app.add_option("--routed-scaling", routed_scaling, "every routed weight is multiplied by this last")->capture_default_str();
   app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
   app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32)")->capture_default_str();
   app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
@@ -117,6 +123,12 @@ EpWorld world_from_options(const StepOptions& o, std::int64_t file_tokens) {
   layer.top_k = o.top_k;
   layer.activation = parse_activation(o.activation);
   layer.renormalize = o.renormalize;
+  layer.router.score = parse_score_function(o.score_function);
+  layer.router.groups = o.expert_groups;
+  layer.router.top_groups = o.top_groups;
+  layer.router.weights = parse_router_weights(o.router_weights);
+  layer.router.renormalize_epsilon = o.renormalize_epsilon;
+  layer.router.scaling = o.routed_scaling;
   layer.capacity_factor = o.capacity_factor;
   layer.dtype = parse_dtype(o.dtype);
   validate(world);

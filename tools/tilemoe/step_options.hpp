@@ -29,6 +29,9 @@ struct StepOptions {
   std::int64_t hidden = 256, ffn_hidden = 896, experts = 8, top_k = 2;  // Mixtral's proportions, small
   std::string activation = "swiglu";
   bool renormalize = false;
+  std::string score_function = "softmax", router_weights = "scores";
+  std::int64_t expert_groups = 1, top_groups = 1;
+  float renormalize_epsilon = 0.0f, routed_scaling = 1.0f;
   double capacity_factor = 0.0;
   std::string dtype = "bf16";
   std::string routing = "balanced";

@@ -36,8 +36,8 @@ __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransp
     const int first = a.first_segment + u * per, here = min(per, segments - u * per);
     if (a.unit_times != nullptr && tid == 0) a.unit_times[3 * u] = global_timer_ns();
     const Segment& head = plan.segments.data[first];  // the unit's segments share these waits
-    if (tid < static_cast<int>(head.wait_count)) {
-      const FlagWait w = plan.waits.data[head.wait_begin + tid];
+    for (int i = tid; i < static_cast<int>(head.wait_count); i += kConsumerThreads) {
+      const FlagWait w = plan.waits.data[head.wait_begin + i];
       if (!wait_tile_flag(t, a.flags + (static_cast<int>(w.flag) - a.flag_offset), w.expected, epoch)) s_ok = 0;
     }
     __syncthreads();  // extends the flags' acquire to the CTA
