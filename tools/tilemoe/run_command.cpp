@@ -327,6 +327,13 @@ int run(const RunOptions& options) {
                 static_cast<long long>(layer.num_experts), static_cast<long long>(layer.top_k),
                 std::string(activation_name(layer.activation)).c_str(), std::string(dtype_name(layer.dtype)).c_str(),
                 step.source.c_str());
+    if (!layer.router.is_default()) {
+      const RouterConfig& r = layer.router;
+      std::printf("router: %s scores, weights = %s, %lld group(s) of which %lld kept, renormalised: %s (epsilon %g), scaled by %g\n",
+                  std::string(score_function_name(r.score)).c_str(), std::string(router_weights_name(r.weights)).c_str(),
+                  static_cast<long long>(r.groups), static_cast<long long>(r.top_groups), layer.renormalize ? "yes" : "no",
+                  static_cast<double>(r.renormalize_epsilon), static_cast<double>(r.scaling));
+    }
     std::printf("%-12s %10s %9s %9s %9s %14s %14s %8s\n", "strategy", "wall ms", "compute%", "comm%", "overlap%",
                 "max|err| dense", "rel err fp64", "bitwise");
     for (const StrategyResult& r : results) {
