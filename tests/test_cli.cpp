@@ -116,20 +116,26 @@ TEST_F(Cli, OutputIsWrittenOnSuccessAndNothingIsLeftOnFailure) {
   for (const auto& entry : fs::directory_iterator(dir_)) EXPECT_THAT(entry.path().filename().string(), Not(HasSubstr(".tmp")));
 }
 
-TEST_F(Cli, InputsAndWeightsFromFilesGiveTheDenseReferenceBitwise) {
-  // a step written in the Hugging Face layout, run by the CLI, checked against the library's
-  // dense reference on the same data
-  const std::int64_t tokens = 19, hidden = 16, ffn = 24, experts = 4;
-  std::mt19937_64 rng(7);
+namespace {
+
+auto as_bytes(const std::vector<float>& v) {
+  return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()), v.size() * 4);
+}
+
+// A step in the Hugging Face layout: `inputs` (input, router_logits) and `weights` (the experts
+// under `prefix`, and `extra` tensors besides), random normal data of `seed`.
+void write_hf_step(const std::string& inputs, const std::string& weights, const std::string& prefix, std::int64_t tokens,
+                   std::int64_t hidden, std::int64_t ffn, std::int64_t experts, std::uint64_t seed,
+                   const std::vector<safetensors::TensorToWrite>& extra = {}) {
+  std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> x(tokens * hidden), logits(tokens * experts);
   for (float& v : x) v = normal(rng);
   for (float& v : logits) v = normal(rng);
-  auto bytes = [](const std::vector<float>& v) { return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()), v.size() * 4); };
-  safetensors::write(path("inputs.safetensors"), {{"input", safetensors::ElementType::F32, {tokens, hidden}, bytes(x)},
-                                                  {"router_logits", safetensors::ElementType::F32, {tokens, experts}, bytes(logits)}});
+  safetensors::write(inputs, {{"input", safetensors::ElementType::F32, {tokens, hidden}, as_bytes(x)},
+                              {"router_logits", safetensors::ElementType::F32, {tokens, experts}, as_bytes(logits)}});
   std::vector<std::vector<float>> w(experts * 3);
-  std::vector<safetensors::TensorToWrite> tensors;
+  std::vector<safetensors::TensorToWrite> tensors = extra;
   for (std::int64_t e = 0; e < experts; ++e) {
     for (int m = 0; m < 3; ++m) {
       auto& values = w[static_cast<std::size_t>(e * 3 + m)];
@@ -137,32 +143,80 @@ TEST_F(Cli, InputsAndWeightsFromFilesGiveTheDenseReferenceBitwise) {
       for (float& v : values) v = normal(rng) * 0.2f;
       const char* name[] = {"w1", "w3", "w2"};
       const std::vector<std::int64_t> shape = m == 2 ? std::vector<std::int64_t>{hidden, ffn} : std::vector<std::int64_t>{ffn, hidden};
-      tensors.push_back({"model.layers.3.block_sparse_moe.experts." + std::to_string(e) + "." + name[m] + ".weight",
-                         safetensors::ElementType::F32, shape, bytes(values)});
+      tensors.push_back({prefix + "experts." + std::to_string(e) + "." + name[m] + ".weight", safetensors::ElementType::F32, shape,
+                         as_bytes(values)});
     }
   }
-  safetensors::write(path("weights.safetensors"), tensors);
+  safetensors::write(weights, tensors);
+}
 
-  const Result r = tilemoe("run --ranks 2 --top-k 2 --inputs " + path("inputs.safetensors") + " --weights " +
-                           path("weights.safetensors") + " --output " + path("out.safetensors"));
-  ASSERT_EQ(r.code, 0) << r.err;
-
-  EpWorld world = tilemoe::testing::make_world({10, 9}, hidden, ffn, experts, 2);
-  const StepInputs in = load_step_inputs(path("inputs.safetensors"), DType::BF16);
-  const auto routing = route_world(world, split_logits_by_rank(in.logits, experts, world.tokens_per_rank));
-  const auto weights = load_weights(path("weights.safetensors"), world.layer);
+// The CLI's output file against the library's dense reference of the same step.
+void expect_output_is_dense_reference(const std::string& output, const EpWorld& world, const std::string& inputs,
+                                      const std::string& weights_path, const std::vector<float>& bias = {}) {
+  const StepInputs in = load_step_inputs(inputs, DType::BF16);
+  const auto routing = route_world(world, split_logits_by_rank(in.logits, world.layer.num_experts, world.tokens_per_rank), bias);
+  const auto weights = load_weights(weights_path, world.layer);
   const auto dense = dense_reference(world, split_by_rank(in.input, world.tokens_per_rank), routing, weights);
-  const auto file = safetensors::File::open(path("out.safetensors"));
+  const auto file = safetensors::File::open(output);
   const auto got = file.bytes(file.get("output"));
   std::vector<std::byte> expected;
   for (const Matrix& m : dense) expected.insert(expected.end(), m.data.begin(), m.data.end());
   ASSERT_EQ(got.size(), expected.size());
   EXPECT_TRUE(std::equal(got.begin(), got.end(), expected.begin()));
+}
+
+}  // namespace
+
+TEST_F(Cli, InputsAndWeightsFromFilesGiveTheDenseReferenceBitwise) {
+  // a step written in the Hugging Face layout, run by the CLI, checked against the library's
+  // dense reference on the same data
+  const std::int64_t hidden = 16, ffn = 24, experts = 4;
+  write_hf_step(path("inputs.safetensors"), path("weights.safetensors"), "model.layers.3.block_sparse_moe.", 19, hidden, ffn, experts, 7);
+
+  const Result r = tilemoe("run --ranks 2 --top-k 2 --inputs " + path("inputs.safetensors") + " --weights " +
+                           path("weights.safetensors") + " --output " + path("out.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  expect_output_is_dense_reference(path("out.safetensors"), tilemoe::testing::make_world({10, 9}, hidden, ffn, experts, 2),
+                                   path("inputs.safetensors"), path("weights.safetensors"));
 
   // a file whose shapes disagree with an explicit option is refused
   const Result mismatch = tilemoe("run --hidden 64 --inputs " + path("inputs.safetensors"));
   EXPECT_EQ(mismatch.code, 2);
   EXPECT_THAT(mismatch.err, HasSubstr("disagrees with"));
+}
+
+TEST_F(Cli, DeepSeekRoutingWithTheBiasFromTheWeightsFile) {
+  // the router's rule from the options, its selection bias from the weights file (DeepSeek-V3's
+  // name), the output the library's dense reference on that routing
+  const std::int64_t hidden = 16, ffn = 24, experts = 8;
+  std::vector<float> bias(experts);
+  for (std::int64_t e = 0; e < experts; ++e) bias[static_cast<std::size_t>(e)] = 0.05f * static_cast<float>(e % 3) - 0.04f;
+  const std::string prefix = "model.layers.5.mlp.";
+  write_hf_step(path("in.safetensors"), path("w.safetensors"), prefix, 21, hidden, ffn, experts, 9,
+                {{prefix + "gate.e_score_correction_bias", safetensors::ElementType::F32, {experts}, as_bytes(bias)}});
+  const std::string rule = " --top-k 3 --score-function sigmoid --expert-groups 4 --top-groups 2 --renormalize "
+                           "--renormalize-epsilon 1e-20 --routed-scaling 2.5 ";
+  const Result r = tilemoe("run --ranks 2" + rule + "--inputs " + path("in.safetensors") + " --weights " + path("w.safetensors") +
+                           " --output " + path("out.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("router: sigmoid scores"));
+  EpWorld world = tilemoe::testing::make_world({11, 10}, hidden, ffn, experts, 3);
+  world.layer.renormalize = true;
+  world.layer.router = {ScoreFunction::Sigmoid, 4, 2, RouterWeights::Scores, 1e-20f, 2.5f};
+  expect_output_is_dense_reference(path("out.safetensors"), world, path("in.safetensors"), path("w.safetensors"), bias);
+  // the bias changes the choice on this data (else the check above could not tell it was applied)
+  const StepInputs in = load_step_inputs(path("in.safetensors"), DType::BF16);
+  const auto logits = split_logits_by_rank(in.logits, experts, world.tokens_per_rank);
+  EXPECT_NE(route_world(world, logits, bias)[0].expert, route_world(world, logits)[0].expert);
+
+  // a bias of the wrong length is refused, naming the tensor
+  const std::vector<float> short_bias(experts - 1, 0.0f);
+  write_hf_step(path("in2.safetensors"), path("w2.safetensors"), prefix, 21, hidden, ffn, experts, 9,
+                {{prefix + "gate.e_score_correction_bias", safetensors::ElementType::F32, {experts - 1}, as_bytes(short_bias)}});
+  const Result bad = tilemoe("run --ranks 2" + rule + "--inputs " + path("in2.safetensors") + " --weights " + path("w2.safetensors"));
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("e_score_correction_bias"));
+  EXPECT_THAT(bad.err, HasSubstr("one value per expert"));
 }
 
 TEST_F(Cli, CorruptOrInvalidInputFilesAreBadInput) {

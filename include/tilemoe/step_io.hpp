@@ -6,7 +6,9 @@
 //                rank 0's first (F32, BF16 or F16; converted to the layer dtype / fp32).
 //  weights file: per expert e, "<prefix>experts.<e>.w1.weight" [ffn, hidden] (gate),
 //                "...w3.weight" [ffn, hidden] (up; SwiGLU only), "...w2.weight" [hidden, ffn]
-//                (down): the Hugging Face Mixtral names; one prefix per file.
+//                (down): the Hugging Face Mixtral names; one prefix per file; optionally the
+//                router's selection bias "<prefix>gate.e_score_correction_bias" [experts]
+//                (DeepSeek-V3's name), F32, BF16 or F16.
 //  output file:  "output" [T, hidden] in the layer dtype, rank 0's tokens first.
 #include <cstdint>
 #include <string>
@@ -33,6 +35,9 @@ struct WeightsShape {
 WeightsShape inspect_weights(const std::string& path);
 // Loads into the config's shape (which must match the file: a bad-input error says how not).
 ExpertWeights load_weights(const std::string& path, const MoeConfig& config);
+// The router's selection bias of a weights file (one finite value per expert; routing.hpp), or
+// nothing when the file has none.
+std::vector<float> load_selection_bias(const std::string& path, std::int64_t experts);
 
 // Rows [offset_r, offset_r + tokens_r) of `all` for each rank.
 std::vector<Matrix> split_by_rank(const Matrix& all, const std::vector<std::int64_t>& tokens_per_rank);

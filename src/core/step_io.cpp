@@ -143,6 +143,24 @@ ExpertWeights load_weights(const std::string& path, const MoeConfig& config) {
   return weights;
 }
 
+std::vector<float> load_selection_bias(const std::string& path, std::int64_t experts) {
+  const safetensors::File file = safetensors::File::open(path);
+  const std::string name = find_expert_tensors(file).prefix + "gate.e_score_correction_bias";
+  const safetensors::TensorInfo* info = file.find(name);
+  if (info == nullptr) return {};
+  if (info->shape.size() != 1 || info->shape[0] != experts) {
+    throw_bad_input(path + ": " + quoted(name) + " has shape " + shape_text(info->shape) + ", the router needs one value per expert: [" +
+                    std::to_string(experts) + "]");
+  }
+  std::vector<float> bias = file.read_f32(*info);
+  for (std::size_t e = 0; e < bias.size(); ++e) {
+    if (!std::isfinite(bias[e])) {
+      throw_bad_input(path + ": " + quoted(name) + " element [" + std::to_string(e) + "] is not finite; every value must be");
+    }
+  }
+  return bias;
+}
+
 std::vector<Matrix> split_by_rank(const Matrix& all, const std::vector<std::int64_t>& tokens_per_rank) {
   std::vector<Matrix> parts;
   std::int64_t row = 0;

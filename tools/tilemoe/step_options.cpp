@@ -202,7 +202,8 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   }
   {
     ProgressBar bar("routing");
-    step.routing = route_world(step.world, logits);
+    if (!o.weights_path.empty()) step.selection_bias = load_selection_bias(o.weights_path, layer.num_experts);
+    step.routing = route_world(step.world, logits, step.selection_bias);
   }
   step.logits = std::move(logits);
   memory.routing = &step.routing;

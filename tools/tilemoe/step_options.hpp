@@ -55,6 +55,7 @@ struct PreparedStep {
   std::vector<Matrix> inputs;
   std::vector<std::vector<float>> logits;  // per rank, [tokens, experts]
   std::vector<Routing> routing;
+  std::vector<float> selection_bias;  // the router's, from --weights (empty: none)
   ExpertWeights weights;
   std::string source;  // what the data is, for the report
 };
