@@ -219,6 +219,47 @@ TEST_F(Cli, DeepSeekRoutingWithTheBiasFromTheWeightsFile) {
   EXPECT_THAT(bad.err, HasSubstr("one value per expert"));
 }
 
+TEST_F(Cli, TheLogitsFromTheWeightsFilesGate) {
+  // an inputs file without router_logits: the router's gate.weight in the weights file computes
+  // them (in the layer dtype, or --router-logits-dtype)
+  const std::int64_t tokens = 13, hidden = 16, ffn = 24, experts = 4;
+  const std::string prefix = "model.layers.1.mlp.";
+  std::vector<float> gate(experts * hidden);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  for (float& v : gate) v = normal(rng);
+  write_hf_step(path("in.safetensors"), path("w.safetensors"), prefix, tokens, hidden, ffn, experts, 5,
+                {{prefix + "gate.weight", safetensors::ElementType::F32, {experts, hidden}, as_bytes(gate)}});
+  const StepInputs with_logits = load_step_inputs(path("in.safetensors"), DType::BF16);
+  safetensors::write(path("x.safetensors"), {{"input", safetensors::ElementType::BF16, {tokens, hidden},
+                                              std::span<const std::byte>(with_logits.input.data)}});
+  for (const char* dtype : {"bf16", "fp32"}) {
+    const Result r = tilemoe("run --ranks 2 --top-k 2 --router-logits-dtype " + std::string(dtype) + " --inputs " + path("x.safetensors") +
+                             " --weights " + path("w.safetensors") + " --output " + path("out.safetensors"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("logits from the gate"));
+    const EpWorld world = tilemoe::testing::make_world({7, 6}, hidden, ffn, experts, 2);
+    const StepInputs in = load_step_inputs(path("x.safetensors"), DType::BF16);
+    const std::vector<float> logits = router_logits(in.input, load_gate_weight(path("w.safetensors"), experts, hidden, DType::BF16), experts,
+                                                    parse_dtype(dtype));
+    const auto routing = route_world(world, split_logits_by_rank(logits, experts, world.tokens_per_rank));
+    const auto dense = dense_reference(world, split_by_rank(in.input, world.tokens_per_rank), routing,
+                                       load_weights(path("w.safetensors"), world.layer));
+    const auto file = safetensors::File::open(path("out.safetensors"));
+    const auto got = file.bytes(file.get("output"));
+    std::vector<std::byte> expected;
+    for (const Matrix& m : dense) expected.insert(expected.end(), m.data.begin(), m.data.end());
+    ASSERT_EQ(got.size(), expected.size());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), expected.begin())) << dtype;
+  }
+  // neither logits nor a gate: refused, saying what to give
+  write_hf_step(path("in2.safetensors"), path("w2.safetensors"), prefix, tokens, hidden, ffn, experts, 5);
+  const Result none = tilemoe("run --ranks 2 --inputs " + path("x.safetensors") + " --weights " + path("w2.safetensors"));
+  EXPECT_EQ(none.code, 2);
+  EXPECT_THAT(none.err, HasSubstr("has no 'router_logits'"));
+  EXPECT_THAT(none.err, HasSubstr("gate.weight"));
+}
+
 TEST_F(Cli, CorruptOrInvalidInputFilesAreBadInput) {
   std::ofstream(path("garbage.safetensors")) << "this is not a safetensors file at all";
   Result r = tilemoe("run --inputs " + path("garbage.safetensors"));

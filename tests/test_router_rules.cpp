@@ -220,6 +220,31 @@ TEST(RouterRules, BadRouterSettingsSayWhatToChange) {
   EXPECT_EQ(parse_router_weights(router_weights_name(RouterWeights::SoftmaxOfSelected)), RouterWeights::SoftmaxOfSelected);
 }
 
+TEST(RouterRules, TheGateProjectionInFp32RoundedToTheModelsDtype) {
+  const std::int64_t tokens = 7, hidden = 40, experts = 6;
+  const std::vector<float> x = random_values(tokens * hidden, 1.0f, 12), gate = random_values(experts * hidden, 0.3f, 13);
+  const Matrix input = Matrix::from_floats(DType::BF16, tokens, hidden, x);
+  const std::vector<float> fp32 = router_logits(input, gate, experts, DType::F32);
+  const std::vector<float> bf16 = router_logits(input, gate, experts, DType::BF16);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (std::int64_t e = 0; e < experts; ++e) {
+      double want = 0;
+      for (std::int64_t h = 0; h < hidden; ++h) want += double(input.at(t, h)) * double(gate[static_cast<std::size_t>(e * hidden + h)]);
+      const std::size_t i = static_cast<std::size_t>(t * experts + e);
+      EXPECT_NEAR(fp32[i], want, 1e-5 * std::max(1.0, std::abs(want)));
+      EXPECT_EQ(bf16[i], round_to(DType::BF16, fp32[i]));
+    }
+  }
+  EXPECT_THAT([&] {
+    try {
+      router_logits(input, std::vector<float>(5), experts, DType::F32);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  }(), HasSubstr("gate weight has 5 values"));
+}
+
 TEST(RouterRules, EveryStrategyGivesTheSameBitsOnDeepSeekRouting) {
   EpWorld world = tilemoe::testing::make_world({37, 50, 0, 29}, 32, 48, 16, 4);
   world.layer.renormalize = true;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tilemoe/config.hpp"
+#include "tilemoe/tensor.hpp"
 
 namespace tilemoe {
 
@@ -36,6 +37,12 @@ struct Routing {
     return static_cast<std::size_t>(token * top_k + j);
   }
 };
+
+// The router's projection: logits[t][e] = sum over h ascending of input[t][h] * gate[e][h] in
+// fp32, then rounded to `logits_dtype` (the model's: Mixtral and Qwen compute their gate in the
+// model dtype, DeepSeek-V3 in fp32). `gate` is [experts][input.cols] row-major, as Hugging Face
+// stores `gate.weight`.
+std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype);
 
 // `logits` is [config.tokens, config.num_experts] row-major. A NaN or infinite logit is a
 // bad-input error naming the rank, the token and the expert. `selection_bias`: empty, or one

@@ -3,12 +3,14 @@
 // with any other MoE implementation.
 //
 //  inputs file:  "input" [T, hidden] and "router_logits" [T, experts], T = all ranks' tokens,
-//                rank 0's first (F32, BF16 or F16; converted to the layer dtype / fp32).
+//                rank 0's first (F32, BF16 or F16; converted to the layer dtype / fp32); the
+//                logits may be left out when the weights file holds the router's gate.
 //  weights file: per expert e, "<prefix>experts.<e>.w1.weight" [ffn, hidden] (gate),
 //                "...w3.weight" [ffn, hidden] (up; SwiGLU only), "...w2.weight" [hidden, ffn]
 //                (down): the Hugging Face Mixtral names; one prefix per file; optionally the
-//                router's selection bias "<prefix>gate.e_score_correction_bias" [experts]
-//                (DeepSeek-V3's name), F32, BF16 or F16.
+//                router's gate "<prefix>gate.weight" [experts, hidden] and its selection bias
+//                "<prefix>gate.e_score_correction_bias" [experts] (DeepSeek-V3's name), F32, BF16
+//                or F16.
 //  output file:  "output" [T, hidden] in the layer dtype, rank 0's tokens first.
 #include <cstdint>
 #include <string>
@@ -23,8 +25,8 @@ namespace tilemoe {
 
 struct StepInputs {
   Matrix input;               // [T, hidden] in the requested dtype
-  std::vector<float> logits;  // [T, experts]
-  std::int64_t experts = 0;
+  std::vector<float> logits;  // [T, experts]; empty when the file has none
+  std::int64_t experts = 0;   // 0 when the file has no logits
 };
 StepInputs load_step_inputs(const std::string& path, DType dtype);
 
@@ -38,6 +40,9 @@ ExpertWeights load_weights(const std::string& path, const MoeConfig& config);
 // The router's selection bias of a weights file (one finite value per expert; routing.hpp), or
 // nothing when the file has none.
 std::vector<float> load_selection_bias(const std::string& path, std::int64_t experts);
+// The router's gate weight of a weights file ([experts][hidden], rounded to `dtype` as the
+// layer stores weights), or nothing when the file has none.
+std::vector<float> load_gate_weight(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype);
 
 // Rows [offset_r, offset_r + tokens_r) of `all` for each rank.
 std::vector<Matrix> split_by_rank(const Matrix& all, const std::vector<std::int64_t>& tokens_per_rank);

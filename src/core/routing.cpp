@@ -72,6 +72,25 @@ void limit_to_groups(const RouterConfig& r, std::int64_t experts, float* choice,
 
 }  // namespace
 
+std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype) {
+  if (experts < 1 || static_cast<std::int64_t>(gate.size()) != experts * input.cols) {
+    throw_bad_input("the router's gate weight has " + std::to_string(gate.size()) + " values, [experts = " + std::to_string(experts) +
+                    "] x [hidden = " + std::to_string(input.cols) + "] needed");
+  }
+  const std::vector<float> x = input.to_floats();
+  std::vector<float> logits(static_cast<std::size_t>(input.rows * experts));
+  for (std::int64_t t = 0; t < input.rows; ++t) {
+    const float* row = x.data() + t * input.cols;
+    for (std::int64_t e = 0; e < experts; ++e) {
+      const float* w = gate.data() + e * input.cols;
+      float sum = 0.0f;
+      for (std::int64_t h = 0; h < input.cols; ++h) sum += row[h] * w[h];
+      logits[static_cast<std::size_t>(t * experts + e)] = round_to(logits_dtype, sum);
+    }
+  }
+  return logits;
+}
+
 Routing route(const MoeConfig& config, std::span<const float> logits, int rank, std::span<const float> selection_bias) {
   validate(config);
   const std::int64_t experts = config.num_experts;

@@ -87,15 +87,16 @@ ExpertNames find_expert_tensors(const safetensors::File& file) {
 StepInputs load_step_inputs(const std::string& path, DType dtype) {
   const safetensors::File file = safetensors::File::open(path);
   const auto& input = matrix(file, "input");
+  StepInputs step;
+  const std::vector<float> x = read_finite(file, input, dtype);
+  step.input = Matrix::from_floats(dtype, input.shape[0], input.shape[1], x);
+  if (file.find("router_logits") == nullptr) return step;  // the router's gate computes them
   const auto& logits = matrix(file, "router_logits");
   if (input.shape[0] != logits.shape[0]) {
     throw_bad_input(path + ": 'input' has " + std::to_string(input.shape[0]) + " tokens but 'router_logits' has " +
                     std::to_string(logits.shape[0]));
   }
-  StepInputs step;
   step.experts = logits.shape[1];
-  const std::vector<float> x = read_finite(file, input, dtype);
-  step.input = Matrix::from_floats(dtype, input.shape[0], input.shape[1], x);
   step.logits = file.read_f32(logits);
   return step;
 }
@@ -159,6 +160,18 @@ std::vector<float> load_selection_bias(const std::string& path, std::int64_t exp
     }
   }
   return bias;
+}
+
+std::vector<float> load_gate_weight(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype) {
+  const safetensors::File file = safetensors::File::open(path);
+  const std::string name = find_expert_tensors(file).prefix + "gate.weight";
+  if (file.find(name) == nullptr) return {};
+  const auto& info = matrix(file, name);
+  if (info.shape[0] != experts || info.shape[1] != hidden) {
+    throw_bad_input(path + ": " + quoted(name) + " has shape " + shape_text(info.shape) + ", the router needs [experts = " +
+                    std::to_string(experts) + ", hidden = " + std::to_string(hidden) + "]");
+  }
+  return read_finite(file, info, dtype);
 }
 
 std::vector<Matrix> split_by_rank(const Matrix& all, const std::vector<std::int64_t>& tokens_per_rank) {

@@ -5,6 +5,7 @@
 #include "progress.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/memory_estimate.hpp"
+#include "tilemoe/routing.hpp"
 #include "tilemoe/step_io.hpp"
 
 namespace tilemoe::cli {
@@ -37,6 +38,8 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--router-weights", router_weights, "the chosen experts' weights: scores or softmax-of-selected")->capture_default_str();
   app.add_option("--renormalize-epsilon", renormalize_epsilon, "added to the weights' sum when renormalising")->capture_default_str();
   app.add_option("--routed-scaling", routed_scaling, "every routed weight is multiplied by this last")->capture_default_str();
+  app.add_option("--router-logits-dtype", router_logits_dtype,
+                 "when the logits come from the weights file's gate: the dtype they are rounded to, bf16 or fp32 (default: --dtype)");
   app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
   app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32)")->capture_default_str();
   app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
@@ -173,7 +176,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   if (!o.inputs_path.empty()) {
     loaded = load_step_inputs(o.inputs_path, parse_dtype(o.dtype));
     take_from_file(o.hidden_option, o.hidden, hidden_from, loaded.input.cols, "hidden", o.inputs_path);
-    take_from_file(o.experts_option, o.experts, experts_from, loaded.experts, "experts", o.inputs_path);
+    if (loaded.experts > 0) take_from_file(o.experts_option, o.experts, experts_from, loaded.experts, "experts", o.inputs_path);
   }
   if (!o.weights_path.empty()) {
     const WeightsShape shape = inspect_weights(o.weights_path);
@@ -191,8 +194,20 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   if (!o.inputs_path.empty()) {
     ProgressBar bar("splitting inputs");
     step.inputs = split_by_rank(loaded.input, step.world.tokens_per_rank);
-    logits = split_logits_by_rank(loaded.logits, loaded.experts, step.world.tokens_per_rank);
     step.source = "inputs from " + o.inputs_path;
+    if (loaded.logits.empty()) {  // the router's gate computes them
+      const std::vector<float> gate =
+          o.weights_path.empty() ? std::vector<float>{} : load_gate_weight(o.weights_path, layer.num_experts, layer.hidden, layer.dtype);
+      if (gate.empty()) {
+        throw_bad_input(o.inputs_path + " has no 'router_logits' and " +
+                        (o.weights_path.empty() ? std::string("no --weights file gives") : o.weights_path + " has no") +
+                        " the router's '<prefix>gate.weight': give one of them");
+      }
+      const DType logits_dtype = o.router_logits_dtype.empty() ? layer.dtype : parse_dtype(o.router_logits_dtype);
+      loaded.logits = router_logits(loaded.input, gate, layer.num_experts, logits_dtype);
+      step.source += ", logits from the gate of " + o.weights_path + " (" + std::string(dtype_name(logits_dtype)) + ")";
+    }
+    logits = split_logits_by_rank(loaded.logits, layer.num_experts, step.world.tokens_per_rank);
   } else {
     ProgressBar bar("drawing inputs");
     SyntheticStep synthetic = synthetic_step(step.world, parse_routing_pattern(o.routing), o.seed);
