@@ -31,6 +31,17 @@ inline EpWorld make_world(std::vector<std::int64_t> tokens, std::int64_t hidden,
   return world;
 }
 
+// A layer of `tokens` tokens for routing tests (its widths do not matter to the router).
+inline MoeConfig routing_config(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
+  MoeConfig c;
+  c.tokens = tokens;
+  c.hidden = 8;
+  c.ffn_hidden = 8;
+  c.num_experts = experts;
+  c.top_k = k;
+  return c;
+}
+
 inline StepCase make_case(const EpWorld& world, RoutingPattern pattern, std::uint64_t seed) {
   StepCase c{world, {}, {}, random_weights(world.layer, seed + 77)};
   SyntheticStep s = synthetic_step(world, pattern, seed);

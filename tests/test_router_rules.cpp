@@ -23,13 +23,7 @@ using ::testing::HasSubstr;
 namespace {
 
 MoeConfig config(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
-  MoeConfig c;
-  c.tokens = tokens;
-  c.hidden = 8;
-  c.ffn_hidden = 8;
-  c.num_experts = experts;
-  c.top_k = k;
-  return c;
+  return tilemoe::testing::routing_config(tokens, experts, k);
 }
 
 std::vector<float> random_values(std::size_t n, float scale, unsigned seed) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "step_fixture.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/routing.hpp"
 
@@ -13,13 +14,7 @@ using ::testing::HasSubstr;
 namespace {
 
 MoeConfig config(std::int64_t tokens, std::int64_t experts, std::int64_t k) {
-  MoeConfig c;
-  c.tokens = tokens;
-  c.hidden = 8;
-  c.ffn_hidden = 8;
-  c.num_experts = experts;
-  c.top_k = k;
-  return c;
+  return tilemoe::testing::routing_config(tokens, experts, k);
 }
 
 }  // namespace

@@ -82,4 +82,52 @@ TILEMOE_HOST_DEVICE inline void clear_plan(PlanTables& plan) {
 
 TILEMOE_HOST_DEVICE inline std::int64_t ceil_div64(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
+// The entries a compiler writes into each table of `out` (the compute queue holds the tiles and
+// then the combines, the comm queue the segments), and which tables have room for them: a
+// table without room is written by no lane.
+struct PlanSize {
+  std::int64_t entries[kPlanTableCount] = {};
+  bool fits[kPlanTableCount] = {};
+};
+TILEMOE_HOST_DEVICE inline PlanSize plan_size(const PlanTables& out, std::int64_t experts, std::int64_t waits, std::int64_t tiles,
+                                              std::int64_t segments, std::int64_t combines) {
+  PlanSize size;
+  const std::int64_t entries[kPlanTableCount] = {experts, waits, tiles, segments, combines, tiles + combines, segments};
+  const std::uint32_t room[kPlanTableCount] = {out.experts.capacity,  out.waits.capacity,         out.tiles.capacity,
+                                               out.segments.capacity, out.combines.capacity,      out.compute_queue.capacity,
+                                               out.comm_queue.capacity};
+  for (int t = 0; t < kPlanTableCount; ++t) {
+    size.entries[t] = entries[t];
+    size.fits[t] = entries[t] <= static_cast<std::int64_t>(room[t]);
+  }
+  return size;
+}
+
+// Lane 0's end of a compile: the header and counts cleared, then a step whose rows exceed the
+// layer's room marked (before the room: the layer sized the room for the rows it can hold), or
+// the first table without room named, or every table's count set. True when the plan is whole
+// and the compiler fills the rest of its header.
+TILEMOE_HOST_DEVICE inline bool finish_plan(PlanTables& out, const PlanSize& size, bool rows_fit) {
+  clear_plan(out);
+  if (!rows_fit) {
+    out.header.rows_exceed_room = 1;
+    return false;
+  }
+  for (int t = 0; t < kPlanTableCount; ++t) {
+    if (!size.fits[t]) {
+      out.header.overflow = static_cast<std::uint32_t>(t + 1);
+      return false;
+    }
+  }
+  const auto n = [&](int t) { return static_cast<std::uint32_t>(size.entries[t]); };
+  out.experts.count = n(kExpertsTable);
+  out.waits.count = n(kWaitsTable);
+  out.tiles.count = n(kTilesTable);
+  out.segments.count = n(kSegmentsTable);
+  out.combines.count = n(kCombinesTable);
+  out.compute_queue.count = n(kComputeQueueTable);
+  out.comm_queue.count = n(kCommQueueTable);
+  return true;
+}
+
 }  // namespace tilemoe::plan_detail

@@ -1,14 +1,30 @@
 #pragma once
-// What every device plan compiler does first, on one CTA (its tables kernel then reads these from
-// the plan's scratch): every rank's row offsets, each rank's
-// ExpertIn rows per local expert, and the sequential prefix sums over the local experts, a
-// warp-wide scan each (the host sums them on one thread: step_counts.hpp, sequential_prefix).
-// The sequential compiler then writes its tables; tile_signal adds a prefix of its own first.
+// What every device plan compiler shares. Its prefix kernel, one CTA: every rank's row offsets,
+// each rank's ExpertIn rows per local expert, and the sequential prefix sums over the local
+// experts, a warp-wide scan each (the host sums them on one thread: step_counts.hpp,
+// sequential_prefix), into the plan's scratch; tile_signal adds a prefix of its own. Its tables
+// kernel then reads them back, an entry per thread over a grid.
+#include <algorithm>
+
+#include "plan/device_plan_tables.hpp"
 #include "sequential_plan.hpp"
 
 namespace tilemoe::cuda::device_compile {
 
 constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr int kPrefixThreads = 1024;  // the one CTA of the prefix sums
+constexpr int kEntryThreads = 256;    // a CTA of the tables kernel: an entry per thread
+
+// The tables kernel's CTAs: a thread per entry of the largest table's room (each thread takes
+// every lanes-th entry past that; at most 1024 CTAs).
+inline int entry_ctas(const DevicePlanTables& plan) { return std::min((plan.most_entries() + kEntryThreads - 1) / kEntryThreads, 1024); }
+
+// The counts' view of a tables kernel (the prefix kernel wrote them), and this thread's lane.
+__device__ inline plan_detail::StepCounts counts_view(int world, int experts, const int* offset, const int* rank_row) {
+  return plan_detail::StepCounts{world, experts, experts / world, offset, rank_row};
+}
+__device__ inline int grid_lane() { return static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); }
+__device__ inline int grid_lanes() { return static_cast<int>(gridDim.x * blockDim.x); }
 
 __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
   for (int offset = 1; offset < 32; offset *= 2) {

@@ -199,7 +199,7 @@ TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const S
   return FlagWait{u(W + layer), u(m.real_tiles[layer]), rank};
 }
 
-// Lane `lane` of `lanes` (one CTA's threads on the device; 0 of 1 on the host) writes the entries
+// Lane `lane` of `lanes` (the compile grid's threads on the device; 0 of 1 on the host) writes the entries
 // lane, lane + lanes, ... of every table; lane 0 also writes the header and the tables' counts
 // into its copy of `out` (on the device, lane 0 copies it back). `tile_first`: the prefix sums
 // (sequential_prefix), complete before any lane starts.
@@ -210,13 +210,8 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
   const std::int64_t tiles = m.layer_tiles[0] + m.layer_tiles[1];
   const std::int64_t segments = 2LL * W * L;
   const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
-  const std::int64_t computes = tiles + combines;
-  // which tables lack room: then no lane writes them, and lane 0 names the first
-  const auto room = [](std::int64_t entries, std::uint32_t capacity) { return entries <= static_cast<std::int64_t>(capacity); };
-  const bool fits[kPlanTableCount] = {room(L, out.experts.capacity),         room(m.waits, out.waits.capacity),
-                                      room(tiles, out.tiles.capacity),       room(segments, out.segments.capacity),
-                                      room(combines, out.combines.capacity), room(computes, out.compute_queue.capacity),
-                                      room(segments, out.comm_queue.capacity)};
+  const PlanSize size = plan_size(out, L, m.waits, tiles, segments, combines);
+  const bool* fits = size.fits;
   const std::int64_t rows = c.expert_rows(r);
   const bool rows_fit = rows >= 0 && (s.receive_rows == 0 || rows <= s.receive_rows);
   if (rows_fit && fits[kTilesTable] && fits[kComputeQueueTable]) {
@@ -254,27 +249,13 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
   }
   if (lane != 0) return;
 
-  clear_plan(out);
+  if (!finish_plan(out, size, rows_fit)) return;
   PlanHeader& h = out.header;
-  if (!rows_fit) {  // before the room: the layer sized the room for the rows it can hold
-    h.rows_exceed_room = 1;
-    return;
-  }
-  for (int t = 0; t < kPlanTableCount && h.overflow == 0; ++t) {
-    if (!fits[t]) h.overflow = static_cast<std::uint32_t>(t + 1);
-  }
-  if (h.overflow != 0) return;
   h.expert_rows = c.expert_rows(r);
   h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = sequential_flag_count(W);
   h.layer_tiles[0] = static_cast<std::uint32_t>(m.layer_tiles[0]);
   h.layer_tiles[1] = static_cast<std::uint32_t>(m.layer_tiles[1]);
-  out.experts.count = static_cast<std::uint32_t>(L);
-  out.waits.count = m.waits;
-  out.tiles.count = static_cast<std::uint32_t>(tiles);
-  out.segments.count = out.comm_queue.count = static_cast<std::uint32_t>(segments);
-  out.combines.count = static_cast<std::uint32_t>(combines);
-  out.compute_queue.count = static_cast<std::uint32_t>(computes);
 }
 
 }  // namespace tilemoe::plan_detail

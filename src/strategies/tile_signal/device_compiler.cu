@@ -1,7 +1,5 @@
 #include "device_compiler.hpp"
 
-#include <algorithm>
-
 #include "strategies/sequential/device_counts.cuh"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
@@ -10,8 +8,8 @@ namespace tilemoe::cuda {
 
 namespace {
 
-constexpr int kPrefixThreads = 1024;
-constexpr int kEntryThreads = 256;
+using device_compile::kEntryThreads;
+using device_compile::kPrefixThreads;
 
 // The counts and the sequential prefix sums (device_counts.cuh), then the remote pairs' prefix
 // sum with one warp, on one CTA, into the plan's scratch.
@@ -31,8 +29,8 @@ __global__ void __launch_bounds__(kPrefixThreads) tile_signal_prefix_kernel(cons
 __global__ void __launch_bounds__(kEntryThreads) tile_signal_tables_kernel(int world, int experts, const int* offset, const int* rank_row,
                                                                           const int* prefix, plan_detail::TileSignalShape shape,
                                                                           PlanTables tables, PlanTables* plan) {
-  const plan_detail::StepCounts view{world, experts, experts / world, offset, rank_row};
-  const int lane = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), lanes = static_cast<int>(gridDim.x * blockDim.x);
+  const plan_detail::StepCounts view = device_compile::counts_view(world, experts, offset, rank_row);
+  const int lane = device_compile::grid_lane(), lanes = device_compile::grid_lanes();
   plan_detail::compile_tile_signal_tables(view, shape, prefix, tables, lane, lanes);
   if (lane == 0) *plan = tables;
 }
@@ -48,7 +46,7 @@ void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const pl
   tile_signal_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(counts, plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
                                                               plan.prefix(), shape);
   TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler (prefix sums)");
-  const int ctas = std::min((plan.most_entries() + kEntryThreads - 1) / kEntryThreads, 1024);
+  const int ctas = device_compile::entry_ctas(plan);
   tile_signal_tables_kernel<<<ctas, kEntryThreads, 0, stream>>>(plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
                                                                 plan.prefix(), shape, plan.empty_tables(), plan.view());
   TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler (tables)");

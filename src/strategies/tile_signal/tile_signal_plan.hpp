@@ -257,12 +257,8 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
   const std::int64_t gemm0 = m.seq.layer_tiles[0], tiles = gemm0 + m.seq.layer_tiles[1];
   const std::int64_t dispatch = tile_signal_first_piece(W, L), segments = dispatch + 1LL * m.bands * W;
   const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
-  const std::int64_t computes = tiles + combines;
-  const auto room = [](std::int64_t entries, std::uint32_t capacity) { return entries <= static_cast<std::int64_t>(capacity); };
-  const bool fits[kPlanTableCount] = {room(L, out.experts.capacity),         room(m.waits, out.waits.capacity),
-                                      room(tiles, out.tiles.capacity),       room(segments, out.segments.capacity),
-                                      room(combines, out.combines.capacity), room(computes, out.compute_queue.capacity),
-                                      room(segments, out.comm_queue.capacity)};
+  const PlanSize size = plan_size(out, L, m.waits, tiles, segments, combines);
+  const bool* fits = size.fits;
   const std::int64_t rows = c.expert_rows(r);
   const bool rows_fit = rows >= 0 && (s.receive_rows == 0 || rows <= s.receive_rows);
   if (rows_fit && fits[kTilesTable] && fits[kComputeQueueTable]) {
@@ -307,28 +303,14 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
   }
   if (lane != 0) return;
 
-  clear_plan(out);
+  if (!finish_plan(out, size, rows_fit)) return;
   PlanHeader& h = out.header;
-  if (!rows_fit) {
-    h.rows_exceed_room = 1;
-    return;
-  }
-  for (int t = 0; t < kPlanTableCount && h.overflow == 0; ++t) {
-    if (!fits[t]) h.overflow = static_cast<std::uint32_t>(t + 1);
-  }
-  if (h.overflow != 0) return;
   h.expert_rows = rows;
   h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = m.flag_count;
   h.row_arrival_flag = m.row_arrival_flag;
   h.layer_tiles[0] = static_cast<std::uint32_t>(m.seq.layer_tiles[0]);
   h.layer_tiles[1] = static_cast<std::uint32_t>(m.seq.layer_tiles[1]);
-  out.experts.count = static_cast<std::uint32_t>(L);
-  out.waits.count = m.waits;
-  out.tiles.count = static_cast<std::uint32_t>(tiles);
-  out.segments.count = out.comm_queue.count = static_cast<std::uint32_t>(segments);
-  out.combines.count = static_cast<std::uint32_t>(combines);
-  out.compute_queue.count = static_cast<std::uint32_t>(computes);
 }
 
 }  // namespace tilemoe::plan_detail
