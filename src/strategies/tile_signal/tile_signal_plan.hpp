@@ -34,7 +34,7 @@ struct TileSignalShape {
   int bands_per_segment = 1;  // the bands a communication segment waits for at once
 };
 
-// Expert e's bands [lo, hi) that hold rows of rank s.rank only.
+// Expert e's bands [lo, hi) of rank r that hold rows of rank r only.
 struct OwnBands {
   int lo = 0, hi = 0;
 };
