@@ -186,6 +186,22 @@ TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const
   return segment;
 }
 
+// Whether rank s.rank's expert rows fit the layer's receive room (the plan has no tiles if not).
+TILEMOE_HOST_DEVICE inline bool sequential_rows_fit(const StepCounts& c, const SequentialShape& s) {
+  const std::int64_t rows = c.expert_rows(s.rank);
+  return rows >= 0 && (s.receive_rows == 0 || rows <= s.receive_rows);
+}
+
+// Combine task `i`: a chunk of combine_tokens tokens, every column (its waits are the strategy's).
+TILEMOE_HOST_DEVICE inline CombineTask token_chunk(const SequentialShape& s, std::int64_t i) {
+  CombineTask task;
+  task.token_begin = i * s.combine_tokens;
+  task.token_end = task.token_begin + s.combine_tokens < s.tokens ? task.token_begin + s.combine_tokens : s.tokens;
+  task.col_begin = 0;
+  task.col_end = s.hidden;
+  return task;
+}
+
 // Wait `w` of the plan (see SequentialSummary).
 TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const SequentialSummary& m, int rank, std::uint32_t w) {
   const int W = c.world, L = c.local_experts;
@@ -212,8 +228,7 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
   const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
   const PlanSize size = plan_size(out, L, m.waits, tiles, segments, combines);
   const bool* fits = size.fits;
-  const std::int64_t rows = c.expert_rows(r);
-  const bool rows_fit = rows >= 0 && (s.receive_rows == 0 || rows <= s.receive_rows);
+  const bool rows_fit = sequential_rows_fit(c, s);
   if (rows_fit && fits[kTilesTable] && fits[kComputeQueueTable]) {
     for (std::int64_t i = lane; i < tiles; i += lanes) {
       out.tiles.data[i] = sequential_tile(c, s, m, tile_first, i);
@@ -222,11 +237,7 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
   }
   if (fits[kCombinesTable] && fits[kComputeQueueTable]) {  // the top-k sums, after the whole combine all-to-all
     for (std::int64_t i = lane; i < combines; i += lanes) {
-      CombineTask task;
-      task.token_begin = i * s.combine_tokens;
-      task.token_end = task.token_begin + s.combine_tokens < s.tokens ? task.token_begin + s.combine_tokens : s.tokens;
-      task.col_begin = 0;
-      task.col_end = s.hidden;
+      CombineTask task = token_chunk(s, i);
       task.wait_begin = m.combine_wait_begin;
       task.wait_count = static_cast<std::uint32_t>(W);
       out.combines.data[i] = task;

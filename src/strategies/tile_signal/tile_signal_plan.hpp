@@ -259,8 +259,7 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
   const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
   const PlanSize size = plan_size(out, L, m.waits, tiles, segments, combines);
   const bool* fits = size.fits;
-  const std::int64_t rows = c.expert_rows(r);
-  const bool rows_fit = rows >= 0 && (s.receive_rows == 0 || rows <= s.receive_rows);
+  const bool rows_fit = sequential_rows_fit(c, s);
   if (rows_fit && fits[kTilesTable] && fits[kComputeQueueTable]) {
     for (std::int64_t i = lane; i < tiles; i += lanes) {
       if (i < gemm0) {
@@ -275,11 +274,7 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
   }
   if (fits[kCombinesTable] && fits[kComputeQueueTable]) {  // each chunk once its rows have landed
     for (std::int64_t i = lane; i < combines; i += lanes) {
-      CombineTask task;
-      task.token_begin = i * s.combine_tokens;
-      task.token_end = task.token_begin + s.combine_tokens < s.tokens ? task.token_begin + s.combine_tokens : s.tokens;
-      task.col_begin = 0;
-      task.col_end = s.hidden;
+      CombineTask task = token_chunk(s, i);
       task.waits_for_rows = 1;
       out.combines.data[i] = task;
       out.compute_queue.data[tiles + i] = TaskRef{TaskKind::Combine, static_cast<std::uint32_t>(i)};
@@ -305,7 +300,7 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
 
   if (!finish_plan(out, size, rows_fit)) return;
   PlanHeader& h = out.header;
-  h.expert_rows = rows;
+  h.expert_rows = c.expert_rows(r);
   h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = m.flag_count;
   h.row_arrival_flag = m.row_arrival_flag;
