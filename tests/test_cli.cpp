@@ -240,7 +240,7 @@ TEST_F(Cli, TheLogitsFromTheWeightsFilesGate) {
     EXPECT_THAT(r.out, HasSubstr("logits from the gate"));
     const EpWorld world = tilemoe::testing::make_world({7, 6}, hidden, ffn, experts, 2);
     const StepInputs in = load_step_inputs(path("x.safetensors"), DType::BF16);
-    const std::vector<float> logits = router_logits(in.input, load_gate_weight(path("w.safetensors"), experts, hidden, DType::BF16), experts,
+    const std::vector<float> logits = router_logits(in.input, load_router_tensors(path("w.safetensors"), experts, hidden, DType::BF16).gate, experts,
                                                     parse_dtype(dtype));
     const auto routing = route_world(world, split_logits_by_rank(logits, experts, world.tokens_per_rank));
     const auto dense = dense_reference(world, split_by_rank(in.input, world.tokens_per_rank), routing,

@@ -37,12 +37,14 @@ struct WeightsShape {
 WeightsShape inspect_weights(const std::string& path);
 // Loads into the config's shape (which must match the file: a bad-input error says how not).
 ExpertWeights load_weights(const std::string& path, const MoeConfig& config);
-// The router's selection bias of a weights file (one finite value per expert; routing.hpp), or
-// nothing when the file has none.
-std::vector<float> load_selection_bias(const std::string& path, std::int64_t experts);
-// The router's gate weight of a weights file ([experts][hidden], rounded to `dtype` as the
-// layer stores weights), or nothing when the file has none.
-std::vector<float> load_gate_weight(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype);
+// The router's tensors of a weights file, in one read of it (each empty when the file has none):
+// its gate weight ([experts][hidden], rounded to `dtype` as the layer stores weights) and its
+// selection bias (one finite value per expert; routing.hpp).
+struct RouterTensors {
+  std::vector<float> gate;
+  std::vector<float> selection_bias;
+};
+RouterTensors load_router_tensors(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype);
 
 // Rows [offset_r, offset_r + tokens_r) of `all` for each rank.
 std::vector<Matrix> split_by_rank(const Matrix& all, const std::vector<std::int64_t>& tokens_per_rank);

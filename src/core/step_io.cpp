@@ -144,34 +144,33 @@ ExpertWeights load_weights(const std::string& path, const MoeConfig& config) {
   return weights;
 }
 
-std::vector<float> load_selection_bias(const std::string& path, std::int64_t experts) {
+RouterTensors load_router_tensors(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype) {
   const safetensors::File file = safetensors::File::open(path);
-  const std::string name = find_expert_tensors(file).prefix + "gate.e_score_correction_bias";
-  const safetensors::TensorInfo* info = file.find(name);
-  if (info == nullptr) return {};
-  if (info->shape.size() != 1 || info->shape[0] != experts) {
-    throw_bad_input(path + ": " + quoted(name) + " has shape " + shape_text(info->shape) + ", the router needs one value per expert: [" +
-                    std::to_string(experts) + "]");
+  const std::string prefix = find_expert_tensors(file).prefix;
+  RouterTensors router;
+  const std::string gate = prefix + "gate.weight";
+  if (file.find(gate) != nullptr) {
+    const auto& info = matrix(file, gate);
+    if (info.shape[0] != experts || info.shape[1] != hidden) {
+      throw_bad_input(path + ": " + quoted(gate) + " has shape " + shape_text(info.shape) + ", the router needs [experts = " +
+                      std::to_string(experts) + ", hidden = " + std::to_string(hidden) + "]");
+    }
+    router.gate = read_finite(file, info, dtype);
   }
-  std::vector<float> bias = file.read_f32(*info);
-  for (std::size_t e = 0; e < bias.size(); ++e) {
-    if (!std::isfinite(bias[e])) {
-      throw_bad_input(path + ": " + quoted(name) + " element [" + std::to_string(e) + "] is not finite; every value must be");
+  const std::string bias = prefix + "gate.e_score_correction_bias";
+  if (const safetensors::TensorInfo* info = file.find(bias); info != nullptr) {
+    if (info->shape.size() != 1 || info->shape[0] != experts) {
+      throw_bad_input(path + ": " + quoted(bias) + " has shape " + shape_text(info->shape) + ", the router needs one value per expert: [" +
+                      std::to_string(experts) + "]");
+    }
+    router.selection_bias = file.read_f32(*info);
+    for (std::size_t e = 0; e < router.selection_bias.size(); ++e) {
+      if (!std::isfinite(router.selection_bias[e])) {
+        throw_bad_input(path + ": " + quoted(bias) + " element [" + std::to_string(e) + "] is not finite; every value must be");
+      }
     }
   }
-  return bias;
-}
-
-std::vector<float> load_gate_weight(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype) {
-  const safetensors::File file = safetensors::File::open(path);
-  const std::string name = find_expert_tensors(file).prefix + "gate.weight";
-  if (file.find(name) == nullptr) return {};
-  const auto& info = matrix(file, name);
-  if (info.shape[0] != experts || info.shape[1] != hidden) {
-    throw_bad_input(path + ": " + quoted(name) + " has shape " + shape_text(info.shape) + ", the router needs [experts = " +
-                    std::to_string(experts) + ", hidden = " + std::to_string(hidden) + "]");
-  }
-  return read_finite(file, info, dtype);
+  return router;
 }
 
 std::vector<Matrix> split_by_rank(const Matrix& all, const std::vector<std::int64_t>& tokens_per_rank) {

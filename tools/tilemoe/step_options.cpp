@@ -1,6 +1,7 @@
 #include "step_options.hpp"
 
 #include <filesystem>
+#include <utility>
 
 #include "progress.hpp"
 #include "tilemoe/error.hpp"
@@ -190,21 +191,22 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, true, o.cpu_engine};
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
 
+  // the router's tensors of the weights file, read once for the logits and the routing below
+  RouterTensors router =
+      o.weights_path.empty() ? RouterTensors{} : load_router_tensors(o.weights_path, layer.num_experts, layer.hidden, layer.dtype);
   std::vector<std::vector<float>> logits;
   if (!o.inputs_path.empty()) {
     ProgressBar bar("splitting inputs");
     step.inputs = split_by_rank(loaded.input, step.world.tokens_per_rank);
     step.source = "inputs from " + o.inputs_path;
     if (loaded.logits.empty()) {  // the router's gate computes them
-      const std::vector<float> gate =
-          o.weights_path.empty() ? std::vector<float>{} : load_gate_weight(o.weights_path, layer.num_experts, layer.hidden, layer.dtype);
-      if (gate.empty()) {
+      if (router.gate.empty()) {
         throw_bad_input(o.inputs_path + " has no 'router_logits' and " +
                         (o.weights_path.empty() ? std::string("no --weights file gives") : o.weights_path + " has no") +
                         " the router's '<prefix>gate.weight': give one of them");
       }
       const DType logits_dtype = o.router_logits_dtype.empty() ? layer.dtype : parse_dtype(o.router_logits_dtype);
-      loaded.logits = router_logits(loaded.input, gate, layer.num_experts, logits_dtype);
+      loaded.logits = router_logits(loaded.input, router.gate, layer.num_experts, logits_dtype);
       step.source += ", logits from the gate of " + o.weights_path + " (" + std::string(dtype_name(logits_dtype)) + ")";
     }
     logits = split_logits_by_rank(loaded.logits, layer.num_experts, step.world.tokens_per_rank);
@@ -217,7 +219,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   }
   {
     ProgressBar bar("routing");
-    if (!o.weights_path.empty()) step.selection_bias = load_selection_bias(o.weights_path, layer.num_experts);
+    step.selection_bias = std::move(router.selection_bias);
     step.routing = route_world(step.world, logits, step.selection_bias);
   }
   step.logits = std::move(logits);
