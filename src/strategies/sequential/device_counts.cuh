@@ -8,6 +8,7 @@
 
 #include "plan/device_plan_tables.hpp"
 #include "sequential_plan.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 
 namespace tilemoe::cuda::device_compile {
 
@@ -15,16 +16,7 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kPrefixThreads = 1024;  // the one CTA of the prefix sums
 constexpr int kEntryThreads = 256;    // a CTA of the tables kernel: an entry per thread
 
-// The tables kernel's CTAs: a thread per entry of the largest table's room (each thread takes
-// every lanes-th entry past that; at most 1024 CTAs).
-inline int entry_ctas(const DevicePlanTables& plan) { return std::min((plan.most_entries() + kEntryThreads - 1) / kEntryThreads, 1024); }
 
-// The counts' view of a tables kernel (the prefix kernel wrote them), and this thread's lane.
-__device__ inline plan_detail::StepCounts counts_view(int world, int experts, const int* offset, const int* rank_row) {
-  return plan_detail::StepCounts{world, experts, experts / world, offset, rank_row};
-}
-__device__ inline int grid_lane() { return static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); }
-__device__ inline int grid_lanes() { return static_cast<int>(gridDim.x * blockDim.x); }
 
 __device__ __forceinline__ int warp_inclusive_sum(int v, int lane) {
   for (int offset = 1; offset < 32; offset *= 2) {
@@ -102,6 +94,29 @@ __device__ inline plan_detail::StepCounts counts_and_prefix(const int* counts, c
   }
   __syncthreads();
   return view;
+}
+
+// Every table of a plan, a thread per entry over a grid: `Compile` (a strategy's, with its shape
+// inside) is called as compile(counts, prefix, tables, lane, lanes) on the counts and prefix
+// sums the prefix kernel left in the plan's scratch. The first thread writes the header and
+// counts back; `tables` (the pointers and room) comes by value, so no CTA reads what it writes.
+template <typename Compile>
+__global__ void __launch_bounds__(kEntryThreads) plan_tables_kernel(int world, int experts, const int* offset, const int* rank_row,
+                                                                   const int* prefix, Compile compile, PlanTables tables, PlanTables* plan) {
+  const plan_detail::StepCounts view{world, experts, experts / world, offset, rank_row};
+  const int lane = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), lanes = static_cast<int>(gridDim.x * blockDim.x);
+  compile(view, prefix, tables, lane, lanes);
+  if (lane == 0) *plan = tables;
+}
+
+// Launches it with a thread per entry of the largest table's room (each thread takes every
+// lanes-th entry past that; at most 1024 CTAs).
+template <typename Compile>
+void launch_plan_tables(cudaStream_t stream, const DevicePlanTables& plan, const Compile& compile, const char* what) {
+  const int ctas = std::min((plan.most_entries() + kEntryThreads - 1) / kEntryThreads, 1024);
+  plan_tables_kernel<<<ctas, kEntryThreads, 0, stream>>>(plan.world(), plan.experts(), plan.offset(), plan.rank_row(), plan.prefix(),
+                                                         compile, plan.empty_tables(), plan.view());
+  TILEMOE_CUDA_CHECK_LAUNCH(what);
 }
 
 }  // namespace tilemoe::cuda::device_compile

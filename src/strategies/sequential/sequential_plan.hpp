@@ -202,6 +202,21 @@ TILEMOE_HOST_DEVICE inline CombineTask token_chunk(const SequentialShape& s, std
   return task;
 }
 
+// What every compiler built on this one writes alike: the local experts' table (lanes as in
+// compile_sequential_tables) and, by lane 0 last, the counts and the rows of the header
+// (finish_plan); false when the plan is not whole, else the compiler fills the rest of its header.
+TILEMOE_HOST_DEVICE inline void write_local_experts(const StepCounts& c, int r, const PlanSize& size, PlanTables& out, int lane, int lanes) {
+  if (!size.fits[kExpertsTable]) return;
+  const int L = c.local_experts;
+  for (int e = lane; e < L; e += lanes) out.experts.data[e] = LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)};
+}
+TILEMOE_HOST_DEVICE inline bool finish_rank_plan(const StepCounts& c, int r, const PlanSize& size, bool rows_fit, PlanTables& out) {
+  if (!finish_plan(out, size, rows_fit)) return false;
+  out.header.expert_rows = c.expert_rows(r);
+  out.header.combine_rows = c.offset_of(r, c.experts);
+  return true;
+}
+
 // Wait `w` of the plan (see SequentialSummary).
 TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const SequentialSummary& m, int rank, std::uint32_t w) {
   const int W = c.world, L = c.local_experts;
@@ -255,15 +270,9 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
       out.waits.data[w] = sequential_wait(c, m, r, w);
     }
   }
-  if (fits[kExpertsTable]) {
-    for (int e = lane; e < L; e += lanes) out.experts.data[e] = LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)};
-  }
-  if (lane != 0) return;
-
-  if (!finish_plan(out, size, rows_fit)) return;
+  write_local_experts(c, r, size, out, lane, lanes);
+  if (lane != 0 || !finish_rank_plan(c, r, size, rows_fit, out)) return;
   PlanHeader& h = out.header;
-  h.expert_rows = c.expert_rows(r);
-  h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = sequential_flag_count(W);
   h.layer_tiles[0] = static_cast<std::uint32_t>(m.layer_tiles[0]);
   h.layer_tiles[1] = static_cast<std::uint32_t>(m.layer_tiles[1]);

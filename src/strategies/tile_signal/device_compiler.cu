@@ -8,7 +8,6 @@ namespace tilemoe::cuda {
 
 namespace {
 
-using device_compile::kEntryThreads;
 using device_compile::kPrefixThreads;
 
 // The counts and the sequential prefix sums (device_counts.cuh), then the remote pairs' prefix
@@ -25,17 +24,16 @@ __global__ void __launch_bounds__(kPrefixThreads) tile_signal_prefix_kernel(cons
   }
 }
 
-// Every table a thread per entry over the whole grid (as the sequential compiler's).
-__global__ void __launch_bounds__(kEntryThreads) tile_signal_tables_kernel(int world, int experts, const int* offset, const int* rank_row,
-                                                                          const int* prefix, plan_detail::TileSignalShape shape,
-                                                                          PlanTables tables, PlanTables* plan) {
-  const plan_detail::StepCounts view = device_compile::counts_view(world, experts, offset, rank_row);
-  const int lane = device_compile::grid_lane(), lanes = device_compile::grid_lanes();
-  plan_detail::compile_tile_signal_tables(view, shape, prefix, tables, lane, lanes);
-  if (lane == 0) *plan = tables;
-}
-
 }  // namespace
+
+// The tables kernel's part: tile_signal's compiler at the layer's shape (outside the anonymous
+// namespace: a kernel template's argument needs external linkage).
+struct TileSignalCompile {
+  plan_detail::TileSignalShape shape;
+  __device__ void operator()(const plan_detail::StepCounts& counts, const int* prefix, PlanTables& tables, int lane, int lanes) const {
+    plan_detail::compile_tile_signal_tables(counts, shape, prefix, tables, lane, lanes);
+  }
+};
 
 void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const plan_detail::TileSignalShape& shape,
                                 const DevicePlanTables& plan) {
@@ -46,10 +44,7 @@ void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const pl
   tile_signal_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(counts, plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
                                                               plan.prefix(), shape);
   TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler (prefix sums)");
-  const int ctas = device_compile::entry_ctas(plan);
-  tile_signal_tables_kernel<<<ctas, kEntryThreads, 0, stream>>>(plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
-                                                                plan.prefix(), shape, plan.empty_tables(), plan.view());
-  TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler (tables)");
+  device_compile::launch_plan_tables(stream, plan, TileSignalCompile{shape}, "tile_signal plan compiler (tables)");
 }
 
 }  // namespace tilemoe::cuda

@@ -293,15 +293,9 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
       out.waits.data[w] = tile_signal_wait(c, s, m, prefix, w);
     }
   }
-  if (fits[kExpertsTable]) {
-    for (int e = lane; e < L; e += lanes) out.experts.data[e] = LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)};
-  }
-  if (lane != 0) return;
-
-  if (!finish_plan(out, size, rows_fit)) return;
+  write_local_experts(c, r, size, out, lane, lanes);
+  if (lane != 0 || !finish_rank_plan(c, r, size, rows_fit, out)) return;
   PlanHeader& h = out.header;
-  h.expert_rows = c.expert_rows(r);
-  h.combine_rows = c.offset_of(r, c.experts);
   h.flag_count = m.flag_count;
   h.row_arrival_flag = m.row_arrival_flag;
   h.layer_tiles[0] = static_cast<std::uint32_t>(m.seq.layer_tiles[0]);
