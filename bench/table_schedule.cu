@@ -1,6 +1,5 @@
 #include "table_schedule.hpp"
 
-#include "exec/cuda/row_copy.cuh"
 #include "kernels/gemm/planned/planned_gemm.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
@@ -8,6 +7,15 @@
 namespace tilemoe::cuda {
 
 namespace {
+
+// The last index i in [lo, hi) with offsets[i] <= value (offsets ascending).
+__device__ inline int segment_of(const int* offsets, int lo, int hi, int value) {
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (offsets[mid] <= value) lo = mid; else hi = mid;
+  }
+  return lo;
+}
 
 constexpr int kOrderThreads = 1024;
 constexpr int kMaxGroups = 1024;

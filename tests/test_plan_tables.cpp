@@ -241,3 +241,66 @@ TEST(PlanTables, LanesInAnyOrderWriteTheOnePlan) {
     EXPECT_EQ(first_table_difference(a, b), "") << "rank " << rank;
   }
 }
+
+// What the GPU's exchange (exec/cuda/segment_copy.hpp) assumes of both compilers' plans: the
+// dispatch is segments [0, W L) (and sequential's combine send the next W L), each reading
+// contiguous rows of the permuted order or of ExpertOut and raising a counted flag below
+// 2 W + 2; their waits are this rank's own (met by stream order); every GEMM0 tile waits as the
+// first one does, and every sequential combine task as the first one does, for flags that the
+// segments raise.
+TEST(PlanTables, TheExchangeRunsEitherPlansSegments) {
+  std::mt19937 rng(20261207);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int world = 1 + static_cast<int>(rng() % 5), local = 1 + static_cast<int>(rng() % 4);
+    const std::int64_t k = 1 + static_cast<std::int64_t>(rng() % std::min<unsigned>(4u, static_cast<unsigned>(world * local)));
+    std::vector<std::int64_t> tokens(static_cast<std::size_t>(world));
+    for (auto& t : tokens) t = static_cast<std::int64_t>(rng() % 40);
+    const EpWorld w = tilemoe::testing::make_world(tokens, 16, 24, world * local, k);
+    const auto step = tilemoe::testing::make_case(w, trial % 2 ? RoutingPattern::Skewed : RoutingPattern::Balanced, 300 + trial);
+    PlanOptions o;
+    o.tile_m = 1 + static_cast<std::int64_t>(rng() % 9);
+    o.tile_n = 8;
+    for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal}) {
+      const std::vector<StepPlan> plans = compile_plan(strategy, w, step.routing, o);
+      for (const StepPlan& p : plans) {
+        SCOPED_TRACE("trial " + std::to_string(trial) + " " + std::string(strategy_name(strategy)) + " rank " + std::to_string(p.rank));
+        const int W = world, L = local, dispatch = dispatch_segment_count(W, L);
+        const int exchanged = strategy == Strategy::Sequential ? 2 * dispatch : dispatch;
+        ASSERT_GE(static_cast<int>(p.segments.size()), exchanged);
+        for (int j = 0; j < exchanged; ++j) {
+          const Segment& s = p.segments[static_cast<std::size_t>(j)];
+          const bool out = j < dispatch;
+          ASSERT_EQ(s.src, out ? BufferId::Input : BufferId::ExpertOut) << "segment " << j;
+          ASSERT_EQ(s.dst, out ? BufferId::ExpertIn : BufferId::CombineIn) << "segment " << j;
+          ASSERT_EQ(s.flag_per_row, 0);
+          ASSERT_TRUE(s.dest_flag >= 0 && s.dest_flag < 2 * W + 2) << "segment " << j;
+          ASSERT_EQ(s.col_begin, 0);
+          ASSERT_EQ(s.col_end, p.hidden);
+          // a dispatch segment gathers all its rows (gather_rows is the permuted order:
+          // TokenTablesFollowThePermutedOrder), so the GPU reads rows gather_begin, + 1, ... of the permuted copy
+          if (out) ASSERT_EQ(s.gather_count, static_cast<std::uint32_t>(s.rows)) << "segment " << j;
+          for (std::uint32_t i = 0; i < s.wait_count; ++i) ASSERT_EQ(p.waits[s.wait_begin + i].from_rank, p.rank);
+        }
+        auto same_waits = [&](std::uint32_t begin, std::uint32_t count, std::uint32_t begin0, std::uint32_t count0) {
+          return begin == begin0 && count == count0;
+        };
+        auto raised_by_segments = [&](std::uint32_t begin, std::uint32_t count) {
+          for (std::uint32_t i = 0; i < count; ++i) {
+            if (p.waits[begin + i].flag >= static_cast<std::uint32_t>(2 * W + 2)) return false;
+          }
+          return true;
+        };
+        for (const GemmTile& t : p.tiles) {
+          if (t.layer == 0) ASSERT_TRUE(same_waits(t.wait_begin, t.wait_count, p.tiles[0].wait_begin, p.tiles[0].wait_count));
+        }
+        if (!p.tiles.empty()) ASSERT_TRUE(raised_by_segments(p.tiles[0].wait_begin, p.tiles[0].wait_count));
+        if (strategy == Strategy::Sequential && !p.combines.empty()) {
+          for (const CombineTask& c : p.combines) {
+            ASSERT_TRUE(same_waits(c.wait_begin, c.wait_count, p.combines[0].wait_begin, p.combines[0].wait_count));
+          }
+          ASSERT_TRUE(raised_by_segments(p.combines[0].wait_begin, p.combines[0].wait_count));
+        }
+      }
+    }
+  }
+}

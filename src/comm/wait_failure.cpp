@@ -25,6 +25,14 @@ std::string describe(const WaitFailure& f) {
                   "EpMoeLayerOptions::receive_rows (0 = the dropless worst case); nothing was sent",
                   static_cast<unsigned long long>(f.step), static_cast<unsigned long long>(f.seen), f.peer,
                   static_cast<unsigned long long>(f.expected));
+  } else if (static_cast<WaitState>(f.state) == WaitState::PlanInvalid && f.peer < 0) {
+    std::snprintf(text, sizeof text, "rank %d's plan of step %llu is incomplete (its table %llu lacked room): a compiler's bug",
+                  f.rank, static_cast<unsigned long long>(f.step), static_cast<unsigned long long>(f.expected) - 1);
+  } else if (static_cast<WaitState>(f.state) == WaitState::PlanInvalid) {
+    std::snprintf(text, sizeof text,
+                  "rank %d cannot run entry %llu of its plan of step %llu (toward rank %d): it names a buffer, row, "
+                  "column or flag the exchange does not hold; a compiler's bug",
+                  f.rank, static_cast<unsigned long long>(f.expected), static_cast<unsigned long long>(f.step), f.peer);
   } else if (static_cast<WaitState>(f.state) == WaitState::Aborted) {
     std::snprintf(text, sizeof text, "rank %d stopped waiting for %s of rank %d in step %llu because another rank had failed",
                   f.rank, subject, f.peer, static_cast<unsigned long long>(f.step));
@@ -44,6 +52,9 @@ void throw_if_failed(const std::vector<WaitFailure>& failures) {
   for (const WaitFailure& f : failures) {
     if (static_cast<WaitState>(f.state) == WaitState::CapacityExceeded) throw_bad_input(describe(f));
   }
+  for (const WaitFailure& f : failures) {  // the root cause of the peers' timeouts
+    if (static_cast<WaitState>(f.state) == WaitState::PlanInvalid) throw_internal(describe(f));
+  }
   const WaitFailure* first_aborted = nullptr;
   for (const WaitFailure& f : failures) {
     const auto state = static_cast<WaitState>(f.state);
@@ -52,7 +63,7 @@ void throw_if_failed(const std::vector<WaitFailure>& failures) {
     } else if (state == WaitState::Aborted) {
       if (!first_aborted) first_aborted = &f;
       ++aborted;
-    } else if (state != WaitState::Clear && state != WaitState::CapacityExceeded) {
+    } else if (state != WaitState::Clear && state != WaitState::CapacityExceeded && state != WaitState::PlanInvalid) {
       throw_internal("a device wait record has the unknown state " + std::to_string(f.state));
     }
   }

@@ -27,6 +27,10 @@ enum class WaitState : std::uint32_t {
   // not a wait: the step's routing sends `seen` rows to rank `peer`, more than its receive
   // capacity `expected`; every rank finds it from the same counts, nothing is sent
   CapacityExceeded = 3,
+  // not a wait: this rank's plan of the step cannot run on the exchange (a compiler's bug: an
+  // overflowed table, a buffer or flag the exchange does not hold); `expected` names the
+  // segment (or, past the segments, the wait) and `peer` its destination
+  PlanInvalid = 4,
 };
 
 // One per rank, in that rank's device memory; the first failing wait of a kernel writes it
@@ -46,9 +50,9 @@ static_assert(sizeof(WaitFailure) == 48);
 // "rank 0 waited 2.00 s for the dispatch counts of rank 3 in step 5 (flag at 4, wanted >= 5)".
 std::string describe(const WaitFailure& failure);
 
-// Throws if any record is not clear: a bad-input error for an exceeded receive capacity, a
-// Timeout error built from the timed-out records (the root causes; aborted ranks are
-// summarised), or an Internal one if all were aborted.
+// Throws if any record is not clear: a bad-input error for an exceeded receive capacity, an
+// Internal one for a plan the exchange cannot run, a Timeout error built from the timed-out
+// records (the root causes; aborted ranks are summarised), or an Internal one if all were aborted.
 void throw_if_failed(const std::vector<WaitFailure>& failures);
 
 }  // namespace tilemoe::comm

@@ -16,6 +16,7 @@
 #include "kernels/moe_kernels.hpp"
 #include "exec/cuda/arrival_combine.hpp"
 #include "exec/cuda/band_consumer.hpp"
+#include "exec/cuda/segment_copy.hpp"
 #include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/exchange_setup.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
@@ -73,9 +74,9 @@ struct EpMoeLayer::Impl : LayerRouting {
 
   // this rank's permuted rows and the FFN's output (the routing state is the base class)
   DeviceArray<__nv_bfloat16> send_rows, y;
-  // the receive side's tables, written by the dispatch kernel (device path) or uploaded (host path)
+  // the receive side's table, written by the counts kernel (device path) or uploaded (host path)
   DeviceArray<std::uint64_t> epoch;
-  DeviceArray<int> local_row_offset, block_offset, return_offset;
+  DeviceArray<int> local_row_offset;
   // host path
   DeviceArray<int> gathered;          // [world][experts + 1]: every rank's row_offset
   DeviceArray<int> block_tables;      // [2 directions][3][blocks]
@@ -92,6 +93,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   std::string split_note;          // how the split was chosen, for description()
   EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
   int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the band flag the corrupted wait names
+  int unrunnable_flag = 0;         // harness.unrunnable_dispatch_segment: a flag past the exchange's
   // The step's plan, compiled on the device from the exchanged counts by the strategy's compiler
   // (sequential or tile_signal): the planned GEMMs walk its tiles, the band consumer its pieces
   // (harness.build_device_plan builds the sequential one on the stock path too); and the tokens
@@ -121,6 +123,8 @@ struct EpMoeLayer::Impl : LayerRouting {
   // The set-up stream's copies and read-backs, bounded like any wait of the world.
   void wait_for_own(const char* what) const { transport->synchronize(own, what); }
   EpExchangeArgs exchange_args() const;
+  // the plan's segments [first, first + count) as the exchange runs them, ended by `drain`'s waits
+  SegmentCopyArgs segment_args(SegmentDrain drain, int first, int count) const;
   // what the experts produced: their FFN's output, or with identity experts their input rows
   const std::byte* expert_out() const {
     return ffn ? reinterpret_cast<const std::byte*>(ffn_out()) : region(layout.dispatch_rows);
@@ -165,8 +169,6 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   if (!remote_peers && !direct) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
   f.add(1, sizeof(std::uint64_t));                                  // epoch
   f.add(L + 1, sizeof(int));                                        // local_row_offset
-  f.add(L * W + 1, sizeof(int));                                    // block_offset
-  f.add(L * W, sizeof(int));                                        // return_offset
   if (options.dispatch == DispatchPath::Host) {
     f.add(W * (E + 1), sizeof(int));                             // gathered
     f.add(2 * 3 * E, sizeof(int));                               // block_tables
@@ -175,7 +177,8 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   if (!remote_peers) f.add(receive_room * H, sizeof(__nv_bfloat16));  // y
   const bool may_overlap = options.strategy == Strategy::TileSignal || options.strategy == Strategy::Auto;
   f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
-  // the planned GEMMs walk the step's device-built plan (tile_signal's room holds the sequential one)
+  // the planned GEMMs and the device exchange walk the step's device-built plan (tile_signal's
+  // room holds the sequential one)
   const plan_detail::SequentialShape plan_shape = plan_detail::gpu_sequential_shape(c, 0, c.tokens);
   // (auto may end up sequential: room for either then, table by table)
   plan_detail::PlanCapacity plan_room =
@@ -185,7 +188,8 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
         plan_detail::tile_signal_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
     for (std::size_t t = 0; t < plan_room.entries.size(); ++t) plan_room.entries[t] = std::max(plan_room.entries[t], overlap_room.entries[t]);
   }
-  if (options.gemm == GemmPath::Planned) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts)));
+  const bool walks_plan = options.gemm == GemmPath::Planned || (options.dispatch == DispatchPath::Device && !direct);
+  if (walks_plan) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts)));
   const auto band_room = static_cast<std::size_t>(
       plan_detail::tile_signal_max_bands(layout.receive_capacity, static_cast<int>(local_experts), plan_shape.tile_m) + 1);
   if (may_overlap) f.add(band_room, sizeof(unsigned));  // band_flags
@@ -233,7 +237,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   exchange_shape.world = world;
   exchange_shape.sm_count = t.sm_count();
   exchange_shape.sharing = sharing;
-  exchange_shape.resident_ctas_per_sm = ep_exchange_ctas_per_sm(world, static_cast<int>(c.num_experts));
+  exchange_shape.resident_ctas_per_sm = segment_copy_ctas_per_sm();
   ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, o.exchange_ctas_per_peer);
 
   own = t.stream(RankStream::Setup);
@@ -248,13 +252,9 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
   epoch = DeviceArray<std::uint64_t>(1);
   local_row_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts + 1));
-  block_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts * world + 1));
-  return_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts * world));
   TILEMOE_CUDA_CHECK(cudaMemsetAsync(epoch.data(), 0, sizeof(std::uint64_t), own));
   // zero rows until the first dispatch writes real tables
   TILEMOE_CUDA_CHECK(cudaMemsetAsync(local_row_offset.data(), 0, local_row_offset.count() * sizeof(int), own));
-  TILEMOE_CUDA_CHECK(cudaMemsetAsync(block_offset.data(), 0, block_offset.count() * sizeof(int), own));
-  TILEMOE_CUDA_CHECK(cudaMemsetAsync(return_offset.data(), 0, return_offset.count() * sizeof(int), own));
   if (o.dispatch == DispatchPath::Host) {
     gathered = DeviceArray<int>(static_cast<std::size_t>(world * (E + 1)));
     block_tables = DeviceArray<int>(static_cast<std::size_t>(2 * 3 * E));
@@ -262,11 +262,22 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     host_gathered = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(world * (E + 1)));
     host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
   }
+  // the device exchange runs the step's plan: the sequential one, unless tile_signal compiles its own
+  const bool exchange_walks_plan = o.dispatch == DispatchPath::Device && !direct;
+  if (h.unrunnable_dispatch_segment && !exchange_walks_plan) {
+    throw_bad_input("unrunnable_dispatch_segment corrupts the plan of the device exchange, which this layer does not run");
+  }
+  unrunnable_flag = ep_segment_flag_room(world);
+  auto build_sequential_plan = [&] {
+    device_plan = std::make_unique<DevicePlanTables>(
+        plan_detail::sequential_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
+        world, static_cast<int>(E));
+  };
   if (h.identity_experts) {
     if (o.strategy == Strategy::TileSignal) throw_bad_input("identity experts run the sequential strategy only");
-    if (h.build_device_plan) throw_bad_input("identity experts (an exchange benchmark) run no plan");
     options.strategy = Strategy::Sequential;
     agree_on_settings(false);
+    if (exchange_walks_plan || h.build_device_plan) build_sequential_plan();
     return;
   }
   if (!remote_peers) y = DeviceArray<__nv_bfloat16>(receive_room * static_cast<std::size_t>(H));
@@ -326,10 +337,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     combine_ctas = sharing > 1 ? ctas_per_peer * world : arrival_combine_ctas_per_sm() * t.sm_count();
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-  } else if (ffn_walks_plan || h.build_device_plan) {
-    device_plan = std::make_unique<DevicePlanTables>(
-        plan_detail::sequential_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
-        world, static_cast<int>(E));
+  } else if (ffn_walks_plan || exchange_walks_plan || h.build_device_plan) {
+    build_sequential_plan();
   }
   if (ffn_walks_plan) ffn_options.plan = device_plan->view();
   ffn = std::make_unique<ExpertFfn>(c, static_cast<std::int64_t>(rank) * local_experts, local_experts,
@@ -455,14 +464,33 @@ std::string EpMoeLayer::description() const {
 EpExchangeArgs EpMoeLayer::Impl::exchange_args() const {
   EpExchangeArgs a;
   a.layout = layout;
-  a.tables = {epoch.data(), local_row_offset.data(), block_offset.data(), return_offset.data()};
+  a.tables = {epoch.data(), local_row_offset.data()};
   a.experts = static_cast<int>(config.num_experts);
   a.local_experts = local_experts;
   a.hidden = static_cast<int>(config.hidden);
-  a.ctas_per_peer = ctas_per_peer;
   a.row_offset = row_offset.data();
-  a.send_rows = reinterpret_cast<const std::byte*>(send_rows_ptr());
   a.expert_out = expert_out();
+  a.silent = harness.silent;
+  return a;
+}
+
+SegmentCopyArgs EpMoeLayer::Impl::segment_args(SegmentDrain drain, int first, int count) const {
+  SegmentCopyArgs a;
+  a.layout = layout;
+  a.epoch = epoch.data();
+  a.plan = device_plan->view();
+  a.first_segment = first;
+  a.segment_count = count;
+  const std::int64_t slots = config.tokens * config.top_k;
+  // Input: its permuted copy (the layout's permute applied the gather); ExpertIn and CombineIn
+  // are written at their owners' regions
+  a.buffers[static_cast<int>(BufferId::Input)] = {reinterpret_cast<const std::byte*>(send_rows_ptr()), 0, slots};
+  a.buffers[static_cast<int>(BufferId::ExpertIn)] = {nullptr, layout.dispatch_rows, layout.receive_capacity};
+  a.buffers[static_cast<int>(BufferId::ExpertOut)] = {expert_out(), 0, layout.receive_capacity};
+  a.buffers[static_cast<int>(BufferId::CombineIn)] = {nullptr, layout.returned_rows, slots};
+  a.hidden = static_cast<int>(config.hidden);
+  a.ctas_per_peer = ctas_per_peer;
+  a.drain = drain;
   a.silent = harness.silent;
   return a;
 }
@@ -600,11 +628,13 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
                                          cudaMemcpyDeviceToDevice, stream));
     } else if (m.options.dispatch == DispatchPath::Device) {
       launch_ep_begin_step(stream, m.epoch.data());
-      launch_ep_dispatch(stream, view, args);
+      launch_ep_exchange_counts(stream, view, args);
     } else {
       m.host_dispatch(stream, T);
     }
     const bool overlap = m.options.strategy == Strategy::TileSignal;
+    const bool exchange_walks_plan = !m.direct && m.options.dispatch == DispatchPath::Device;
+    const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts);
     if (m.device_plan) {  // from the counts this step exchanged
       const bool inbox = !m.direct && m.options.dispatch == DispatchPath::Device;
       const int* counts = inbox ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
@@ -622,7 +652,12 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         launch_compile_sequential(stream, counts, offsets, m.device_plan_shape(T), *m.device_plan);
       }
       m.device_plan_tokens = T;
+      if (m.harness.unrunnable_dispatch_segment) {
+        TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&m.device_plan->segments()[0].dest_flag, &m.unrunnable_flag, sizeof(int),
+                                           cudaMemcpyHostToDevice, stream));
+      }
     }
+    if (exchange_walks_plan) launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments));
     if (m.ffn) {
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
       const std::int64_t bound = m.layout.receive_capacity;
@@ -639,7 +674,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         BandConsumerArgs ts;
         ts.exchange = args;
         ts.plan = m.device_plan->view();
-        ts.first_segment = plan_detail::tile_signal_first_piece(m.world, m.local_experts);
+        ts.first_segment = dispatch_segments;  // the pieces follow the dispatch (tile_signal_plan.hpp)
         ts.segments_per_unit = m.schedule.bands_per_segment * m.world;
         ts.flags = m.band_flags.data();
         ts.flag_offset = static_cast<int>(plan_detail::tile_signal_band_flag(m.world));
@@ -675,8 +710,8 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       if (m.direct) {
         // the FFN's output rows are the returned rows
-      } else if (m.options.dispatch == DispatchPath::Device) {
-        launch_ep_combine_send(stream, view, args);
+      } else if (exchange_walks_plan) {  // sequential's combine segments follow its dispatch's
+        launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, dispatch_segments));
       } else {
         m.host_combine_send(stream);
       }
@@ -769,9 +804,7 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   const std::size_t per = static_cast<std::size_t>(m.schedule.bands_per_segment * N);
   const std::size_t pieces = overlap ? plan.segments.size() - static_cast<std::size_t>(first_piece) : 0;
   const std::size_t units = (pieces + per - 1) / std::max<std::size_t>(per, 1);
-  std::vector<int> block(static_cast<std::size_t>(L * N + 1));
   std::vector<unsigned long long> tiles(2 * plan.tiles.size()), times(3 * units);
-  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(block.data(), m.block_offset.data(), block.size() * sizeof(int), cudaMemcpyDeviceToHost, m.own));
   if (!tiles.empty()) {
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(tiles.data(), m.tile_times.data(), tiles.size() * sizeof(tiles[0]), cudaMemcpyDeviceToHost, m.own));
   }
@@ -779,11 +812,10 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(times.data(), m.unit_times.data(), times.size() * sizeof(times[0]), cudaMemcpyDeviceToHost, m.own));
   }
   m.wait_for_own("the last step's times");
-  // whether rows [lo, hi) of local expert e hold rows of another rank (rows grouped by source)
-  auto remote = [&](int e, std::int64_t lo, std::int64_t hi) {
-    for (int q = 0; q < N; ++q) {
-      const int b = block[static_cast<std::size_t>(e * N + q)], z = block[static_cast<std::size_t>(e * N + q + 1)];
-      if (q != m.rank && b < z && lo < z && b < hi) return true;
+  // whether expert rows [lo, hi) hold rows of another rank: rows the plan ships back to a peer
+  auto remote = [&](std::int64_t lo, std::int64_t hi) {
+    for (const Segment& s : plan.segments) {
+      if (s.src == BufferId::ExpertOut && s.dest_rank != m.rank && s.rows > 0 && lo < s.src_row + s.rows && s.src_row < hi) return true;
     }
     return false;
   };
@@ -803,7 +835,7 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
               std::to_string(t.row_end - t.row_begin) + " cols " + std::to_string(t.col_begin);
     s.start_ns = tiles[2 * k];
     s.end_ns = tiles[2 * k + 1];
-    s.remote = remote(t.expert, t.row_begin, t.row_end);
+    s.remote = remote(t.row_begin, t.row_end);
     spans.push_back(std::move(s));
   }
   for (std::size_t u = 0; u < units; ++u) {

@@ -26,6 +26,7 @@ class DevicePlanTables {
   const PlanTables& empty_tables() const { return empty_; }
   int most_entries() const;  // the largest table's room: a compiler's threads, one per entry
   FlagWait* waits() const { return waits_.data(); }  // the waits table (a test corrupts one)
+  Segment* segments() const { return segments_.data(); }  // the segments table (a test corrupts one)
   int* offset() const { return offset_.data(); }      // [world][experts + 1] the compiler's scratch
   int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
   int* prefix() const { return prefix_.data(); }      // [prefix_room]: the strategy's prefix sums over the local experts

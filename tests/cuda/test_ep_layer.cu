@@ -279,15 +279,21 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   check_device_plans(c, world, step, weights, routing, std::move(tile_plans), tile_host_plans, tile_out, "tile_signal");
 }
 
-// A fault on one rank: every rank's step must fail within the timeout with a Timeout error whose
-// message names the faulty rank, and the failed layer must refuse another forward.
-//  Silent:              the rank's exchange kernels send nothing (a stalled or dead peer);
+// A fault on one rank: every rank's step must fail with an error whose message names the faulty
+// rank, and the failed layer must refuse another forward.
+//  Silent:              the rank's exchange kernels send nothing (a stalled or dead peer): a
+//                       Timeout error within the timeout;
 //  UnsignalledBandWait: a corrupted device plan (tile_signal): the rank's consumer waits for a
-//                       band flag no GEMM tile raises; its own error names that wait.
-enum class Fault { Silent, UnsignalledBandWait };
+//                       band flag no GEMM tile raises; a Timeout, its own error names that wait;
+//  UnrunnableSegment:   a corrupted device plan (sequential): the rank's first dispatch segment
+//                       names a flag the exchange does not hold; an Internal error naming that
+//                       segment on every rank, well before the timeout.
+enum class Fault { Silent, UnsignalledBandWait, UnrunnableSegment };
 
-void faulty_rank_times_out(int ranks, int faulty, Fault fault) {
-  std::printf("%s rank %d of %d\n", fault == Fault::Silent ? "silent" : "unsignalled band wait on", faulty, ranks);
+void faulty_rank_is_named(int ranks, int faulty, Fault fault) {
+  std::printf("%s rank %d of %d\n",
+              fault == Fault::Silent ? "silent" : fault == Fault::UnsignalledBandWait ? "unsignalled band wait on" : "unrunnable segment on",
+              faulty, ranks);
   EpWorld world;
   world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 256, .num_experts = 2 * ranks, .top_k = 2};
   world.tokens_per_rank.assign(static_cast<std::size_t>(ranks), 64);
@@ -306,6 +312,8 @@ void faulty_rank_times_out(int ranks, int faulty, Fault fault) {
     cuda::EpMoeLayerHarness harness;
     if (fault == Fault::Silent) {
       harness.silent = r == faulty;
+    } else if (fault == Fault::UnrunnableSegment) {
+      harness.unrunnable_dispatch_segment = r == faulty;
     } else {
       options.strategy = Strategy::TileSignal;
       options.tile_signal.consumer_ctas = 2;
@@ -336,6 +344,16 @@ void faulty_rank_times_out(int ranks, int faulty, Fault fault) {
     std::printf("  the faulty rank's own band wait %s\n",
                 message[static_cast<std::size_t>(faulty)].find(own_wait) != std::string::npos ? "expired first and is named"
                                                                                                 : "lost the race to a peer's wait for it");
+  }
+  if (fault == Fault::UnrunnableSegment) {
+    const std::string refusal = "rank " + std::to_string(faulty) + " cannot run entry 0 of its plan";
+    for (int r = 0; r < ranks; ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      expect(kind[ri] == static_cast<int>(ErrorKind::Internal) && message[ri].find(refusal) != std::string::npos &&
+                 seconds[ri] < 0.9 * std::chrono::duration<double>(timeout).count(),
+             "rank " + std::to_string(r) + " failed after " + std::to_string(seconds[ri]) + " s: " + message[ri]);
+    }
+    return;
   }
   for (int r = 0; r < ranks; ++r) {
     const auto ri = static_cast<std::size_t>(r);
@@ -614,9 +632,10 @@ int main(int argc, char** argv) {
       if (c.sms_per_rank == 0) run(c);
     }
     if (ids.empty()) {
-      faulty_rank_times_out(4, 2, Fault::Silent);
-      if (!small) faulty_rank_times_out(8, 7, Fault::Silent);
-      if (with_tile_signal) faulty_rank_times_out(4, 1, Fault::UnsignalledBandWait);
+      faulty_rank_is_named(4, 2, Fault::Silent);
+      if (!small) faulty_rank_is_named(8, 7, Fault::Silent);
+      if (with_tile_signal) faulty_rank_is_named(4, 1, Fault::UnsignalledBandWait);
+      faulty_rank_is_named(4, 3, Fault::UnrunnableSegment);
       capacity_is_enforced();
       if (!small) device_memory_estimates_hold();
       world_of_one_is_the_one_gpu_layer();

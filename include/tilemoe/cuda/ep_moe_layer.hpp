@@ -76,6 +76,9 @@ struct EpMoeLayerHarness {
   // A corrupted device plan (tile_signal): the consumer's first band waits for a flag that no
   // GEMM tile raises; the bounded wait must turn it into an error naming that wait.
   bool unsignalled_band_wait = false;
+  // A corrupted device plan (either strategy): the first dispatch segment names a flag the
+  // exchange does not hold; the rank must refuse to run it with an error naming the segment.
+  bool unrunnable_dispatch_segment = false;
   // Compile the step's plan on the device on the stock GEMM path too (sequential only), for the
   // tests to hold against the host compiler (EpMoeLayerInspector::last_device_plan). On the
   // planned path the sequential strategy compiles it every step: its GEMMs walk it.

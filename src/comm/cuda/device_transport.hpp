@@ -36,11 +36,11 @@ struct DeviceTransport {
   void* window = nullptr;          // ncclWindow_t of the symmetric regions (puts address it by offset)
 };
 
-// GIN signal ids (NcclWorld requests 3 x kMaxRanks): per kind, one signal per source rank, so
-// that a wait names the peer it waits for.
+// GIN signal ids (NcclWorld requests kGinSignalCount): the dispatch counts, one signal per source
+// rank so that a wait names the peer it waits for; then the plan's flags that segments raise,
+// one signal per flag id (EpRegionLayout::segment_flags: at most 2 x kMaxRanks + 2 of them).
 constexpr unsigned kGinCountsSignal = 0;
-constexpr unsigned kGinDispatchSignal = kMaxRanks;
-constexpr unsigned kGinCombineSignal = 2 * kMaxRanks;
-constexpr unsigned kGinSignalCount = 3 * kMaxRanks;
+constexpr unsigned kGinSegmentFlagSignal = kMaxRanks;
+constexpr unsigned kGinSignalCount = kGinSegmentFlagSignal + 2 * kMaxRanks + 2;
 
 }  // namespace tilemoe::cuda

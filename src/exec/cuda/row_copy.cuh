@@ -1,17 +1,8 @@
 #pragma once
-// Device helpers shared by the exchange kernels: the row copy and the segment search.
+// The row copy every exchange kernel shares.
 #include <cstddef>
 
 namespace tilemoe::cuda {
-
-// The last index i in [lo, hi) with offsets[i] <= value (offsets ascending).
-__device__ inline int segment_of(const int* offsets, int lo, int hi, int value) {
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (offsets[mid] <= value) lo = mid; else hi = mid;
-  }
-  return lo;
-}
 
 // One warp copies a row of `bytes` (a multiple of 16) with 16-byte loads and stores, each lane
 // holding kCopyUnroll loads in flight before it stores them: a copy that waits for one load at

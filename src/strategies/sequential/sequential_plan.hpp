@@ -149,6 +149,10 @@ TILEMOE_HOST_DEVICE inline GemmTile sequential_tile(const StepCounts& c, const S
   return tile;
 }
 
+// The plan's first segments, [0, W L), are the dispatch (tile_signal's too): the exchange runs
+// them as one range.
+TILEMOE_HOST_DEVICE inline int dispatch_segment_count(int world, int local_experts) { return world * local_experts; }
+
 // Segment `j` of the plan: [0, W L) the dispatch, destination after destination from this rank
 // on, local expert after local expert; then [W L, 2 W L) the combine, local expert after local
 // expert, source after source, after the whole GEMM1.

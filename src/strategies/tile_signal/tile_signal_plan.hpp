@@ -234,7 +234,9 @@ TILEMOE_HOST_DEVICE inline std::int64_t tile_signal_max_bands(std::int64_t max_r
 }
 // Where the pieces start in the segments table (after the dispatch's W x L segments); the
 // pieces of bands_per_segment consecutive bands (x W) share their waits.
-TILEMOE_HOST_DEVICE inline int tile_signal_first_piece(int world, int local_experts) { return world * local_experts; }
+TILEMOE_HOST_DEVICE inline int tile_signal_first_piece(int world, int local_experts) {
+  return dispatch_segment_count(world, local_experts);
+}
 
 // Room for any step (as sequential_capacity): the band waits and each band's W pieces besides.
 inline PlanCapacity tile_signal_capacity(int world, int local_experts, std::int64_t max_rows, std::int64_t max_tokens,

@@ -1,0 +1,69 @@
+#pragma once
+// The exchange as a plan runner: one grid copies a range of a plan's segments, each to its
+// destination rank, raises the flags the segments name there, and ends once this rank's flags
+// that the next phase waits for are raised, so that the kernels after it in stream order read
+// what arrived. It decides nothing: which rows go where, and what signals what, are the plan's.
+// (Copy rows now; COMET's copy-and-reduce is the next segment kind.)
+//
+// How it runs a plan:
+//  - CTAs in groups of ctas_per_peer, a group per destination rank, this rank's next ranks first
+//    and itself last, so that at any moment the groups write to different peers (every link
+//    busy) and the local copy overlaps. A group's warps take the rows of its segments in turn.
+//  - A segment's flag is a counter in the destination's region (EpRegionLayout::segment_flags),
+//    or a GIN signal for a peer on another node. Every CTA of a group raises it once for each of
+//    the group's segments that names it, after all its rows are stored, so a segment is whole at
+//    ctas_per_peer raises; the counters only grow (no reset, so graph replays need none), and a
+//    plan's wait for count c in step e waits for e * c * ctas_per_peer.
+//  - Gathers: a segment that reads Input rows through gather_rows reads the permuted copy of
+//    Input the layout wrote: its row gather_begin + i is Input[gather_rows[gather_begin + i]] (a
+//    rank's gather table is its permuted order), so every segment reads contiguous rows.
+//  - Segment waits are met by stream order: the grid runs after every task before its range on
+//    this rank. A segment that waits for another rank is not supported (no compiler emits one).
+//  - A plan it cannot run (an overflowed table, a buffer or flag the exchange does not hold, rows
+//    past a buffer's room) is recorded as WaitState::PlanInvalid, naming the segment; nothing of
+//    that segment is copied.
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "exec/cuda/ep_exchange.hpp"
+#include "tilemoe/plan.hpp"
+
+namespace tilemoe::cuda {
+
+// One of the plan's row buffers as the exchange holds it.
+struct SegmentBuffer {
+  const std::byte* local = nullptr;  // this rank's rows, for segments that read it (null: not read)
+  std::size_t region_offset = 0;     // where it sits in every rank's region, for segments that write
+                                     // it at a peer (0: not written)
+  std::int64_t rows = 0;             // its room in rows, on either side
+};
+
+// The tasks whose waits end the grid: the first of them, whose waits all of them share (both
+// compilers give every GEMM0 tile the dispatch's waits and every combine task the combine's).
+enum class SegmentDrain : std::uint8_t {
+  GemmTiles,     // the dispatch: GEMM0 reads the rows once they are in
+  CombineTasks,  // the combine send: the top-k sums read the returned rows
+};
+
+struct SegmentCopyArgs {
+  EpRegionLayout layout;
+  const std::uint64_t* epoch = nullptr;  // the step (launch_ep_begin_step ran before, in stream order)
+  const PlanTables* plan = nullptr;      // device: the step's plan
+  int first_segment = 0;                 // the range [first_segment, first_segment + segment_count),
+  int segment_count = 0;                 // clipped to the plan's segments
+  SegmentBuffer buffers[kBufferCount];   // indexed by BufferId
+  int hidden = 0;
+  int ctas_per_peer = 1;
+  SegmentDrain drain = SegmentDrain::GemmTiles;
+  bool silent = false;  // fault injection: this rank sends nothing (tests)
+};
+
+void launch_segment_copy(cudaStream_t stream, const DeviceTransport& transport, const SegmentCopyArgs& args);
+
+// How many of the grid's CTAs an SM holds: how many ranks' exchanges can wait for each other
+// on one GPU at once.
+int segment_copy_ctas_per_sm();
+
+}  // namespace tilemoe::cuda
