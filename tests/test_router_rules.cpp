@@ -36,7 +36,7 @@ std::vector<float> random_values(std::size_t n, float scale, unsigned seed) {
 
 // One token's experts and weights by the rule in double precision, written from the model
 // code's description: scores, biased choice scores, group scores as the two best of each group
-// (sorted), the best groups kept and the others' choice scores zeroed, the k best choices, their
+// (sorted), the best groups kept and the others' choice scores -inf, the k best choices, their
 // unbiased scores (or a softmax over them), renormalised with epsilon, scaled.
 struct Expected {
   std::vector<int> experts;
@@ -69,7 +69,7 @@ Expected reference_route(const MoeConfig& c, const float* logits, const std::vec
     }
     std::sort(groups.begin(), groups.end());
     for (int i = static_cast<int>(r.top_groups); i < G; ++i) {
-      for (int e = groups[i].second * size; e < (groups[i].second + 1) * size; ++e) choice[e] = 0.0;
+      for (int e = groups[i].second * size; e < (groups[i].second + 1) * size; ++e) choice[e] = -INFINITY;
     }
   }
   std::vector<int> order(E);
@@ -135,9 +135,10 @@ TEST(RouterRules, TheBiasChoosesButDoesNotWeigh) {
   EXPECT_FLOAT_EQ(r.weight[0], 1.0f / (1.0f + std::exp(1.0f)));
 }
 
-TEST(RouterRules, MaskedGroupsCountAsZeroAsTransformersMasksThem) {
-  // every kept expert's biased score is negative, so the masked group's zeros win: experts of a
-  // group that was not kept are chosen (transformers' masked_fill(0.0); vLLM's -inf would not)
+TEST(RouterRules, MaskedGroupsAreNeverChosenAsTransformersMasksThem) {
+  // every kept expert's biased score is negative, and still only the kept group's experts are
+  // chosen: masked ones count as -inf (transformers 5.x's masked_fill(-inf); 4.x's 0.0 would have
+  // chosen the other group's)
   MoeConfig c = config(1, 4, 2);
   c.router.score = ScoreFunction::Sigmoid;
   c.router.groups = 2;
@@ -145,7 +146,7 @@ TEST(RouterRules, MaskedGroupsCountAsZeroAsTransformersMasksThem) {
   const std::vector<float> logits = {0.3f, -0.2f, 0.1f, 0.4f};
   const std::vector<float> bias = {-1.0f, -1.0f, -2.0f, -2.0f};  // group 0 kept (less negative)
   const Routing r = route(c, logits, 0, bias);
-  EXPECT_EQ(std::set<int>({r.expert[0], r.expert[1]}), std::set<int>({2, 3}));
+  EXPECT_EQ(std::set<int>({r.expert[0], r.expert[1]}), std::set<int>({0, 1}));
   expect_matches_reference(c, logits, bias);
 }
 

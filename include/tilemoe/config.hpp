@@ -36,8 +36,8 @@ struct RouterConfig {
   ScoreFunction score = ScoreFunction::Softmax;
   // Group-limited selection (DeepSeek-V3's n_group / topk_group): the experts split into
   // `groups` equal groups of consecutive ids; a group's score is the sum of its two best
-  // selection scores; only the experts of the best `top_groups` groups may be chosen, the others'
-  // selection scores count as 0 (as transformers masks them). 1 / 1: no groups.
+  // selection scores; only the experts of the best `top_groups` groups may be chosen (the others'
+  // selection scores count as -inf, as transformers 5.x masks them). 1 / 1: no groups.
   std::int64_t groups = 1;
   std::int64_t top_groups = 1;
   RouterWeights weights = RouterWeights::Scores;

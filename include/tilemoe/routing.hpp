@@ -9,7 +9,7 @@
 //  - selection scores: the scores plus the selection bias, if any (used to choose only);
 //  - with groups: a group's score is the sum of its two largest selection scores (the larger
 //    first); the top_groups best groups are kept (equal ones: the lower group id), and the
-//    other experts' selection scores become 0;
+//    other experts' selection scores become -inf (never chosen);
 //  - the k largest selection scores are chosen; equal ones go to the lower expert id; slots are
 //    in that order (descending selection score, then ascending id): the "top-k slot order";
 //  - weights: the chosen experts' scores (unbiased), or a softmax over them (max subtracted,

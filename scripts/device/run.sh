@@ -2,7 +2,8 @@
 # The one script of a device call: runs the GPU tests, compute-sanitizer and the benchmarks
 # from the binaries built here (scripts/device/pack.sh puts them in build/device-bin, which the
 # call carries), and leaves everything under $OUT: log.txt (all output), gpu.txt,
-# bench.json, ep_bench.json, ts_bench.json, traces.tgz (the Perfetto traces), torch.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
+# bench.json, ep_bench.json, ts_bench.json, traces.tgz (the Perfetto traces), torch.json, and with the step
+# transformers (not in the default list) transformers.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of the SM split, calibrated once per call
@@ -265,6 +266,11 @@ for step in "${steps[@]}"; do
       fi ;;
     cli-bench) run_step cli-bench "$bin/tilemoe" bench --backend cuda --ranks 1 --tokens 4096 --hidden 4096 --ffn-hidden 14336 --experts 8 --top-k 2 --runs 20 ;;
     torch) run_step torch env PYTHONUNBUFFERED=1 python3 bench/torch_reference.py --json "$out/torch.json" ;;
+    transformers)  # tilemoe (CPU engine, and the GPU where its router runs the rule) against Hugging Face
+      # transformers' own MoE modules on fresh random data; each CLI call is bounded inside, the whole
+      # script here (a TERM still writes the summary)
+      run_step transformers env PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 240 python3 scripts/device/transformers_check.py \
+        --tilemoe "$bin/tilemoe" --json "$out/transformers.json" ;;
     targets)  # the target cases, PyTorch then tilemoe in one call (then DeepSeek-V3 16384, which a cut call lost)
       run_step torch-targets env PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_reference.py "${target_cases[@]}" \
         --case deepseek-v3:16384 --json "$out/torch_targets.json"

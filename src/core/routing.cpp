@@ -41,7 +41,10 @@ void score_token(ScoreFunction function, const float* logits, std::int64_t exper
 }
 
 // Keeps the experts of the best `top_groups` of `groups` groups: the others' selection scores
-// become 0 (transformers' DeepseekV3TopkRouter.get_topk_indices masks them so).
+// become -inf, so that they are never chosen (transformers 5.x, DeepseekV3TopkRouter.forward, and
+// DeepSeek-V3's own inference code mask them so; transformers 4.x masked with 0, which let a
+// masked expert beat a kept one whose biased score is negative). validate() keeps top_k within
+// the kept groups' experts.
 void limit_to_groups(const RouterConfig& r, std::int64_t experts, float* choice, std::vector<float>& group_score,
                      std::vector<std::int32_t>& group_order) {
   const std::int64_t size = experts / r.groups;
@@ -66,7 +69,7 @@ void limit_to_groups(const RouterConfig& r, std::int64_t experts, float* choice,
   });
   for (std::int64_t i = r.top_groups; i < r.groups; ++i) {
     const std::int64_t g = group_order[static_cast<std::size_t>(i)];
-    std::fill(choice + g * size, choice + (g + 1) * size, 0.0f);
+    std::fill(choice + g * size, choice + (g + 1) * size, -INFINITY);
   }
 }
 
