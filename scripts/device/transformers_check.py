@@ -5,8 +5,8 @@ For each family (Mixtral, Qwen3-MoE with and without norm_topk_prob, DeepSeek-V3
 experts, GPT-OSS's router) and each dtype (fp32, bf16) and token count, the script draws
 weights and inputs (numpy, seeded, every seed printed), runs the transformers module on them
 (torch, on the GPU when there is one), writes the same tensors as safetensors files in tilemoe's
-layout (Mixtral's per-expert names), runs `tilemoe run` on the CPU engine and, where the CUDA
-backend's router runs the rule, on the GPU, and compares the outputs. One line per case; a JSON
+layout (Mixtral's per-expert names), runs `tilemoe run` on the CPU engine and, in bf16, on the GPU
+(with a GPU), and compares the outputs. One line per case; a JSON
 summary with --json; exit 0 when every case is within its dtype's tolerance, 1 otherwise, 2 on
 bad arguments.
 
@@ -93,7 +93,6 @@ class Family:
     scaling: float = 1.0
     selection_bias: str = ""  # "", "mixed" (both signs, around 0) or "negative" (the opt-in case)
     router_bias: bool = False  # GPT-OSS's router bias: tilemoe has none, so it takes transformers' logits
-    gpu: bool = False  # the CUDA backend's router runs this rule (softmax top-k, no selection bias)
     default: bool = True
     prefix: str = PREFIX_MLP
 
@@ -105,9 +104,9 @@ class Family:
 
 
 FAMILIES = [
-    Family("mixtral", "MixtralSparseMoeBlock", 8, 2, 128, 224, "softmax", True, gpu=True, prefix=PREFIX_MIXTRAL),
-    Family("qwen3-moe", "Qwen3MoeSparseMoeBlock(norm_topk_prob=False)", 16, 4, 128, 96, "softmax", False, gpu=True),
-    Family("qwen3-moe-norm", "Qwen3MoeSparseMoeBlock(norm_topk_prob=True)", 16, 4, 128, 96, "softmax", True, gpu=True),
+    Family("mixtral", "MixtralSparseMoeBlock", 8, 2, 128, 224, "softmax", True, prefix=PREFIX_MIXTRAL),
+    Family("qwen3-moe", "Qwen3MoeSparseMoeBlock(norm_topk_prob=False)", 16, 4, 128, 96, "softmax", False),
+    Family("qwen3-moe-norm", "Qwen3MoeSparseMoeBlock(norm_topk_prob=True)", 16, 4, 128, 96, "softmax", True),
     Family("deepseek-v3", "DeepseekV3MoE routed experts (shared expert zeroed)", 32, 8, 256, 64, "deepseek", True,
            groups=8, top_groups=4, scaling=2.5, selection_bias="mixed"),
     Family("deepseek-v3-nonorm", "DeepseekV3MoE routed experts, norm_topk_prob=False", 32, 6, 256, 64, "deepseek", False,
@@ -572,14 +571,6 @@ def run_tilemoe(binary, backend, fam, dtype, paths, folder, timeout_s):
     return read_safetensors(output).get("output"), 0, argv, "", report, stderr
 
 
-def expect_gpu_refusal(binary, fam, dtype, paths, folder, timeout_s):
-    """The CUDA router does not run this rule yet: it must refuse (exit 2, pointing at the CPU
-    engine), never run some other rule. When it learns the rule this fails, and the family's
-    `gpu` flag should be turned on."""
-    _, code, argv, message, _, stderr = run_tilemoe(binary, "cuda", fam, dtype, paths, folder, timeout_s)
-    return code == 2 and "--backend cpu" in stderr, code, argv, message
-
-
 # ---------------------------------------------------------------------------------------------
 
 def compare(got, expected):
@@ -686,7 +677,7 @@ def run_case(args, hf, gpu, binary, fam, dtype, tokens, folder):
         raise RuntimeError(f"{name}: the expected output is all zeros or misshapen (seed {seed})")
     paths = write_step_files(fam, dtype, data, logits_for_tilemoe, folder)
     entries = []
-    for backend in ["cpu"] + (["cuda"] if gpu and fam.gpu and dtype == "bf16" else []):
+    for backend in ["cpu"] + (["cuda"] if gpu and dtype == "bf16" else []):  # the CUDA backend stores bf16 only
         got, code, argv, message, report, _ = run_tilemoe(binary, backend, fam, dtype, paths, folder, args.timeout_s)
         err, scale, rel = compare(got, expected)
         tol = TOLERANCE[dtype]
@@ -704,16 +695,6 @@ def run_case(args, hf, gpu, binary, fam, dtype, tokens, folder):
         print(f"{entry['status']} {backend:4s} {name:34s} seed={seed:<10d} max|err|={err:.2e} scale={scale:.3g} "
               f"rel={rel:.2e} tol={tol:.1e}{context} redrawn={data['redrawn']}"
               + (f" exit={code}" if code else "") + (f": {note}" if note else ""), flush=True)
-    if gpu and not fam.gpu and dtype == "bf16" and tokens == args.tokens[len(args.tokens) // 2]:
-        # once per family: the GPU must refuse the rule it cannot run
-        ok, code, argv, message = expect_gpu_refusal(binary, fam, dtype, paths, folder, args.timeout_s)
-        entries.append({**base, "backend": "cuda", "status": "PASS" if ok else "FAIL", "exit_code": code,
-                        "note": ("refused as it should be while the CUDA router lacks this rule: " if ok
-                                 else "expected exit 2 pointing at --backend cpu: ") + message,
-                        "tilemoe_args": [os.path.basename(argv[0])] + shown(argv[1:], folder)})
-        print(f"{'SKIP' if ok else 'FAIL'} cuda {name:34s} "
-              + ("the CUDA backend refuses this rule (exit 2), as it must for now" if ok
-                 else f"expected exit 2 pointing at --backend cpu, got exit {code}: {message}"), flush=True)
     return entries
 
 

@@ -85,6 +85,158 @@ __global__ void router_kernel(const float* __restrict__ logits, int tokens, int 
   }
 }
 
+// Any other rule (include/tilemoe/routing.hpp, whose order of operations this follows; the CPU's
+// route() is the reference), one warp per token as above. Per warp in shared memory: the group
+// scores and which groups are kept (groups of at least 2 experts: at most 512 of them).
+constexpr int kMaxGroups = kWarp * kMaxPerLane / 2;
+constexpr int kRuleWarpsPerBlock = 4;
+
+// Keeps the two largest of the values seen (a group's score is their sum).
+__device__ inline void keep_top_two(float v, float& best, float& second) {
+  if (v > best) {
+    second = best;
+    best = v;
+  } else if (v > second) {
+    second = v;
+  }
+}
+
+template <int kPerLane>
+__global__ void rule_router_kernel(const float* __restrict__ logits, int tokens, int experts, int top_k, RouterRule rule,
+                                   std::int32_t* __restrict__ expert_out, float* __restrict__ weight_out,
+                                   int* __restrict__ error_token) {
+  __shared__ float s_group_score[kRuleWarpsPerBlock][kMaxGroups];
+  __shared__ unsigned char s_kept[kRuleWarpsPerBlock][kMaxGroups];
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int token = blockIdx.x * kRuleWarpsPerBlock + warp;
+  if (token >= tokens) return;  // the whole warp: nothing below synchronises more than the warp
+  const RouterConfig& r = rule.config;
+  const float* row = logits + static_cast<std::size_t>(token) * experts;
+  float score[kPerLane], choice[kPerLane];
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    score[i] = e < experts ? row[e] : 0.0f;
+    bad |= e < experts && !isfinite(score[i]);
+  }
+  if (__any_sync(0xffffffffu, bad)) {
+    if (lane == 0) atomicMin(error_token, token);
+    return;
+  }
+  // 1. scores in fp32
+  if (r.score == ScoreFunction::Softmax) {
+    float max_logit = -INFINITY, sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + i * kWarp < experts) max_logit = fmaxf(max_logit, score[i]);
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + i * kWarp < experts) {
+        score[i] = expf(score[i] - max_logit);
+        sum += score[i];
+      }
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) score[i] /= sum;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const float x = score[i];
+      if (r.score == ScoreFunction::Sigmoid) score[i] = 1.0f / (1.0f + expf(-x));
+      if (r.score == ScoreFunction::SqrtSoftplus) score[i] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));  // torch's threshold
+    }
+  }
+  // 2. the choice scores: biased, and -inf outside the kept groups (never chosen)
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    choice[i] = e >= experts ? -INFINITY : rule.selection_bias != nullptr ? score[i] + rule.selection_bias[e] : score[i];
+  }
+  if (r.groups > 1) {
+    const int groups = static_cast<int>(r.groups), size = experts / groups;
+    for (int g = 0; g < groups; ++g) {
+      float best = -INFINITY, second = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kPerLane; ++i) {
+        const int e = lane + i * kWarp;
+        if (e < experts && e / size == g) keep_top_two(choice[i], best, second);
+      }
+      for (int offset = kWarp / 2; offset > 0; offset /= 2) {  // every lane ends with the group's two best
+        const float other_best = __shfl_xor_sync(0xffffffffu, best, offset);
+        const float other_second = __shfl_xor_sync(0xffffffffu, second, offset);
+        keep_top_two(other_best, best, second);
+        keep_top_two(other_second, best, second);
+      }
+      if (lane == 0) s_group_score[warp][g] = best + second;
+    }
+    __syncwarp();
+    for (int g = lane; g < groups; g += kWarp) {  // kept: fewer than top_groups groups are better (ties: lower id)
+      const float mine = s_group_score[warp][g];
+      int better_groups = 0;
+      for (int h = 0; h < groups; ++h) better_groups += better(s_group_score[warp][h], h, mine, g) ? 1 : 0;
+      s_kept[warp][g] = better_groups < r.top_groups ? 1 : 0;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + i * kWarp;
+      if (e < experts && s_kept[warp][e / size] == 0) choice[i] = -INFINITY;
+    }
+  }
+  // 3. the k best choices in slot order, each weighed by its unbiased score
+  unsigned taken = 0;  // bit i: expert lane + 32 i is chosen
+  float* weight = weight_out + static_cast<std::size_t>(token) * top_k;
+  for (int j = 0; j < top_k; ++j) {
+    float best = -INFINITY, best_score = 0.0f;
+    int best_id = INT_MAX;
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      const int e = lane + i * kWarp;
+      if (e < experts && ((taken >> i) & 1u) == 0 && better(choice[i], e, best, best_id)) {
+        best = choice[i];
+        best_id = e;
+        best_score = score[i];
+      }
+    }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+      const float other_score = __shfl_xor_sync(0xffffffffu, best_score, offset);
+      if (better(other, other_id, best, best_id)) best = other, best_id = other_id, best_score = other_score;
+    }
+#pragma unroll
+    for (int i = 0; i < kPerLane; ++i) {
+      if (lane + i * kWarp == best_id) taken |= 1u << i;
+    }
+    if (lane == 0) {
+      expert_out[static_cast<std::size_t>(token) * top_k + j] = best_id;
+      weight[j] = best_score;
+    }
+  }
+  if (lane != 0) return;
+  // 4. the weights, in slot order
+  if (r.weights == RouterWeights::SoftmaxOfSelected) {
+    float top = weight[0], sum = 0.0f;
+    for (int j = 1; j < top_k; ++j) top = fmaxf(top, weight[j]);
+    for (int j = 0; j < top_k; ++j) {
+      weight[j] = expf(weight[j] - top);
+      sum += weight[j];
+    }
+    for (int j = 0; j < top_k; ++j) weight[j] /= sum;
+  }
+  if (rule.renormalize) {
+    float sum = 0.0f;
+    for (int j = 0; j < top_k; ++j) sum += weight[j];
+    const float denominator = sum + r.renormalize_epsilon;
+    for (int j = 0; j < top_k; ++j) weight[j] /= denominator;
+  }
+  for (int j = 0; j < top_k; ++j) weight[j] *= r.scaling;
+}
+
 // row_offset[e] = the first row whose expert is >= e, over the sorted experts of the rows.
 __global__ void offsets_kernel(const std::int32_t* __restrict__ sorted_expert, int slots, int experts,
                                int* __restrict__ row_offset) {
@@ -212,27 +364,37 @@ void launch_fill(cudaStream_t stream, int* p, int n, int value) {
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_router(cudaStream_t stream, const float* logits, int tokens, int experts, int top_k, bool renormalize,
+void launch_router(cudaStream_t stream, const float* logits, int tokens, int experts, int top_k, const RouterRule& rule,
                    std::int32_t* expert, float* weight, int* error_token) {
   if (experts > kWarp * kMaxPerLane) throw_bad_input("the CUDA router handles at most 1024 experts");
+  if (rule.config.groups > 1 && (rule.config.groups > kMaxGroups || experts % rule.config.groups != 0)) {
+    throw_internal("CUDA router: groups must divide the experts in groups of 2 or more (validate() checks it)");
+  }
   if (tokens == 0) return;
+  const bool mixtral = rule.config.is_default() && rule.selection_bias == nullptr;
   constexpr int kWarpsPerBlock = 8;
-  auto launch = [&](auto kernel) {
-    kernel<<<blocks_for(tokens, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, stream>>>(logits, tokens, experts, top_k,
-                                                                                      renormalize, expert, weight, error_token);
+  // the smallest lane count that holds the experts: every loop unrolls, the values stay in registers
+  auto launch = [&]<int kPerLane>() {
+    if (mixtral) {
+      router_kernel<kPerLane><<<blocks_for(tokens, kWarpsPerBlock), kWarpsPerBlock * kWarp, 0, stream>>>(
+          logits, tokens, experts, top_k, rule.renormalize, expert, weight, error_token);
+    } else {
+      rule_router_kernel<kPerLane><<<blocks_for(tokens, kRuleWarpsPerBlock), kRuleWarpsPerBlock * kWarp, 0, stream>>>(
+          logits, tokens, experts, top_k, rule, expert, weight, error_token);
+    }
   };
   if (experts <= kWarp) {
-    launch(router_kernel<1>);
+    launch.template operator()<1>();
   } else if (experts <= 2 * kWarp) {
-    launch(router_kernel<2>);
+    launch.template operator()<2>();
   } else if (experts <= 4 * kWarp) {
-    launch(router_kernel<4>);
+    launch.template operator()<4>();
   } else if (experts <= 8 * kWarp) {
-    launch(router_kernel<8>);
+    launch.template operator()<8>();
   } else if (experts <= 16 * kWarp) {
-    launch(router_kernel<16>);
+    launch.template operator()<16>();
   } else {
-    launch(router_kernel<kMaxPerLane>);
+    launch.template operator()<kMaxPerLane>();
   }
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }

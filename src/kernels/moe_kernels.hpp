@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tilemoe/config.hpp"
+
 namespace tilemoe::cuda {
 
 // p[i] = uniform(-scale, scale) rounded to bf16, from a counter-based hash of (seed, first_index + i),
@@ -17,10 +19,20 @@ void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, st
 // p[0 .. n) = value.
 void launch_fill(cudaStream_t stream, int* p, int n, int value);
 
-// Softmax over E logits, top-k (ties to the lower id, slots in descending weight), optional
-// renormalisation; one warp per token. E <= 1024. A NaN/Inf logit makes `error_token` the
-// smallest such token index (atomicMin; initialise it to INT_MAX).
-void launch_router(cudaStream_t stream, const float* logits, int tokens, int experts, int top_k, bool renormalize,
+// The router's rule (MoeConfig::router) as the kernel takes it; the selection bias, if any, on
+// the device (one per expert).
+struct RouterRule {
+  RouterConfig config;
+  bool renormalize = false;
+  const float* selection_bias = nullptr;
+};
+
+// Routing on the device, one warp per token, E <= 1024, by the rule of include/tilemoe/routing.hpp
+// in its order of operations (scores, biased choice, groups, top-k with ties to the lower id,
+// weights, renormalisation, scaling). Mixtral's rule (softmax, top-k, optional renormalisation,
+// no bias) runs a kernel of its own that keeps every value in registers. A NaN/Inf logit makes
+// `error_token` the smallest such token index (atomicMin; initialise it to INT_MAX).
+void launch_router(cudaStream_t stream, const float* logits, int tokens, int experts, int top_k, const RouterRule& rule,
                    std::int32_t* expert, float* weight, int* error_token);
 
 // Layout of the routed rows: expert-major, tokens ascending inside an expert (a stable sort of

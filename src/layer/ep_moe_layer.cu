@@ -857,6 +857,12 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   return spans;
 }
 
+void EpMoeLayer::set_selection_bias(std::span<const float> bias) {
+  Impl& m = *impl_;
+  use_device(m.device);
+  m.set_selection_bias(m.config, bias, m.own, [&m](const char* what) { m.wait_for_own(what); });
+}
+
 Routing EpMoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
   const Impl& m = *impl_;
   m.wait_for_step(stream);

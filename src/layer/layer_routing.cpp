@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <limits>
 
 #include "kernels/moe_kernels.hpp"
+#include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {
@@ -14,12 +16,6 @@ void validate_cuda_layer(const MoeConfig& c) {
   if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
   if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
   if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
-  if (!c.router.is_default()) {
-    throw_bad_input("the CUDA router runs softmax top-k only for now (" + std::string(score_function_name(c.router.score)) +
-                    " scores, " + std::to_string(c.router.groups) + " group(s), " +
-                    std::string(router_weights_name(c.router.weights)) +
-                    " weights asked): run this routing on the CPU engine (--backend cpu)");
-  }
 }
 
 void LayerRouting::allocate(const MoeConfig& c) {
@@ -53,9 +49,31 @@ DeviceFootprint LayerRouting::device_bytes(const MoeConfig& c) {
   return f;
 }
 
+void LayerRouting::set_selection_bias(const MoeConfig& c, std::span<const float> bias, cudaStream_t stream,
+                                      const std::function<void(const char*)>& wait) {
+  if (bias.empty()) {
+    selection_bias = DeviceArray<float>();
+    return;
+  }
+  if (static_cast<std::int64_t>(bias.size()) != c.num_experts) {
+    throw_bad_input("the router's selection bias has " + std::to_string(bias.size()) + " values, one per expert is " +
+                    std::to_string(c.num_experts));
+  }
+  for (std::size_t e = 0; e < bias.size(); ++e) {
+    if (!std::isfinite(bias[e])) throw_bad_input("the router's selection bias of expert " + std::to_string(e) + " is not finite");
+  }
+  if (selection_bias.count() != bias.size()) selection_bias = DeviceArray<float>(bias.size());
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(selection_bias.data(), bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  wait("the router's selection bias upload");
+}
+
 void LayerRouting::launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& c) {
   launch_fill(stream, error_token.data(), 1, INT_MAX);
-  tilemoe::cuda::launch_router(stream, logits, tokens, static_cast<int>(c.num_experts), static_cast<int>(c.top_k), c.renormalize,
+  RouterRule rule;
+  rule.config = c.router;
+  rule.renormalize = c.renormalize;
+  rule.selection_bias = selection_bias.count() > 0 ? selection_bias.data() : nullptr;
+  tilemoe::cuda::launch_router(stream, logits, tokens, static_cast<int>(c.num_experts), static_cast<int>(c.top_k), rule,
                                expert.data(), weight.data(), error_token.data());
 }
 

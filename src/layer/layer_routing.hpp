@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 
 #include "core/cuda/device_footprint.hpp"
 #include "tilemoe/cuda/device_array.hpp"
@@ -23,13 +25,19 @@ struct LayerRouting {
   DeviceArray<int> row_offset, slot_of_row, row_of_slot, error_token;
   DeviceArray<char> layout_temp;
   std::size_t layout_temp_bytes = 0;
+  DeviceArray<float> selection_bias;  // [experts] once set (set_selection_bias), else empty: none
 
   // For config.tokens tokens of config.top_k slots and config.num_experts experts.
   void allocate(const MoeConfig& config);
   // What allocate() takes from the device.
   static DeviceFootprint device_bytes(const MoeConfig& config);
 
-  // One step of `tokens` tokens: the router (softmax, top-k, the NaN/Inf check into
+  // The router's selection bias for the steps that follow (empty: none), uploaded on `stream`
+  // and waited for with `wait` (which must bound its wait); bad input unless one finite value
+  // per expert.
+  void set_selection_bias(const MoeConfig& config, std::span<const float> bias, cudaStream_t stream,
+                          const std::function<void(const char*)>& wait);
+  // One step of `tokens` tokens: the router (config.router's rule, the NaN/Inf check into
   // error_token), then the layout (counts, offsets, permutation). Separate, for stage events.
   void launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& config);
   void launch_layout(cudaStream_t stream, int tokens, const MoeConfig& config);

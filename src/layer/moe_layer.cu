@@ -139,6 +139,8 @@ void MoeLayer::check(cudaStream_t stream) {
   }
 }
 
+void MoeLayer::set_selection_bias(std::span<const float> bias) { impl_->layer->set_selection_bias(bias); }
+
 Routing MoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
   if (tokens < 0 || tokens > impl_->config.tokens) {
     throw_bad_input("last_routing of " + std::to_string(tokens) + " tokens on a layer sized for " +

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -213,6 +214,94 @@ void nan_logits_are_reported() {
   cudaFree(output);
 }
 
+// The router's rules of the model families on the GPU against the CPU's route() (the reference,
+// include/tilemoe/routing.hpp) on fresh logits: the same experts (a choice within rounding of a
+// tie may differ: at most 1 in 1000 slots) and weights within 1e-5 of the weights' scale; then
+// the layer's output against the CPU executor and fp64 on the GPU's routing.
+void router_rules_match_the_cpu(std::uint64_t seed) {
+  struct Rule {
+    const char* name;
+    std::int64_t experts, top_k;
+    bool renormalize, bias;
+    RouterConfig router;
+  };
+  RouterConfig deepseek;  // DeepSeek-V3: sigmoid, the bias to choose, 8 groups / 4 kept, renormalised, scaled
+  deepseek.score = ScoreFunction::Sigmoid;
+  deepseek.groups = 8;
+  deepseek.top_groups = 4;
+  deepseek.renormalize_epsilon = 1e-20f;
+  deepseek.scaling = 2.5f;
+  RouterConfig gpt_oss;  // top-k of the logits, a softmax over the k
+  gpt_oss.score = ScoreFunction::Logits;
+  gpt_oss.weights = RouterWeights::SoftmaxOfSelected;
+  RouterConfig v4;  // DeepSeek-V4's sqrt(softplus), many logits past softplus' threshold
+  v4.score = ScoreFunction::SqrtSoftplus;
+  v4.scaling = 1.5f;
+  RouterConfig grouped_softmax;  // softmax scores in groups, no bias, 1000 experts (32 lanes' worth)
+  grouped_softmax.groups = 40;
+  grouped_softmax.top_groups = 3;
+  const Rule rules[] = {
+      {"deepseek-v3 256 experts", 256, 8, true, true, deepseek},
+      {"deepseek-v3 64 experts, not renormalised", 64, 6, false, true, deepseek},
+      {"gpt-oss", 32, 4, false, false, gpt_oss},
+      {"sqrt-softplus, biased", 96, 6, true, true, v4},
+      {"softmax in 40 groups", 1000, 8, true, false, grouped_softmax},
+  };
+  for (const Rule& rule : rules) {
+    std::printf("router rule: %s\n", rule.name);
+    MoeConfig config = small_config(300, rule.experts);
+    config.top_k = rule.top_k;
+    config.renormalize = rule.renormalize;
+    config.router = rule.router;
+    validate(config);
+    std::mt19937 rng(static_cast<unsigned>(seed + static_cast<std::uint64_t>(rule.experts)));
+    std::normal_distribution<float> normal(0.0f, rule.router.score == ScoreFunction::SqrtSoftplus ? 12.0f : 2.0f);
+    std::vector<float> logits(static_cast<std::size_t>(config.tokens * config.num_experts)), bias;
+    for (float& v : logits) v = normal(rng);
+    if (rule.bias) {
+      std::normal_distribution<float> spread(0.0f, 0.3f);
+      for (std::int64_t e = 0; e < config.num_experts; ++e) bias.push_back(spread(rng));
+    }
+    const ExpertWeights weights = random_weights(config, seed + 7);
+    std::vector<std::uint16_t> x(static_cast<std::size_t>(config.tokens * config.hidden));
+    for (std::uint16_t& v : x) v = float_to_bf16_bits(normal(rng) * 0.5f);
+    cuda::MoeLayer layer(config, weights, 0, layer_options());
+    layer.set_selection_bias(bias);
+    auto* input = device_copy<__nv_bfloat16>(x.data(), x.size() * 2);
+    auto* d_logits = device_copy<float>(logits.data(), logits.size() * 4);
+    __nv_bfloat16* output = nullptr;
+    TILEMOE_CUDA_CHECK(cudaMalloc(&output, x.size() * 2));
+    TILEMOE_CUDA_CHECK(cudaMemset(output, 0xff, x.size() * 2));  // NaN poison
+    layer.forward(nullptr, input, d_logits, output, config.tokens);
+    check_or_exit(layer, nullptr);
+    const Routing gpu = layer.last_routing(nullptr, config.tokens);
+    const Routing cpu = route(config, logits, 0, bias);
+    std::int64_t id_mismatch = 0;
+    double weight_diff = 0;
+    for (std::size_t s = 0; s < gpu.expert.size(); ++s) {
+      id_mismatch += gpu.expert[s] != cpu.expert[s];
+      if (gpu.expert[s] == cpu.expert[s]) weight_diff = std::max(weight_diff, std::abs(double(gpu.weight[s]) - cpu.weight[s]));
+    }
+    const double scale = rule.router.scaling;
+    expect(id_mismatch * 1000 <= static_cast<std::int64_t>(gpu.expert.size()) && weight_diff <= 1e-5 * scale,
+           std::string(rule.name) + ": " + std::to_string(id_mismatch) + " of " + std::to_string(gpu.expert.size()) +
+               " experts differ from the CPU's, weights within " + std::to_string(weight_diff));
+    Matrix out(DType::BF16, config.tokens, config.hidden);
+    TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out.data.size(), cudaMemcpyDeviceToHost));
+    EpWorld world;
+    world.layer = config;
+    world.tokens_per_rank = {config.tokens};
+    Matrix in(DType::BF16, config.tokens, config.hidden);
+    std::memcpy(in.data.data(), x.data(), in.data.size());
+    const cases::OracleErrors e = cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
+    expect(e.within_tolerance(), std::string(rule.name) + ": the layer's output on the GPU's routing against the CPU executor and fp64 (" +
+                                     e.describe() + ")");
+    cudaFree(input);
+    cudaFree(d_logits);
+    cudaFree(output);
+  }
+}
+
 // Held by the host: spins until *release is set (or ~20 s pass, so a broken test cannot hang).
 __global__ void hold_stream(const volatile int* release) {
   const long long start = clock64();
@@ -305,11 +394,14 @@ int main(int argc, char** argv) {
     }
   }
   // the checks beside the registry's cases; the memory estimate's is not small
-  const std::string nan_check = "nan-logits", stall_check = "stalled-stream", memory_check = "device-memory-estimate";
+  const std::string nan_check = "nan-logits", stall_check = "stalled-stream", memory_check = "device-memory-estimate",
+                    rules_check = "router-rules";
   std::vector<std::string> case_ids, checks;
-  for (const std::string& name : named) (name == nan_check || name == stall_check || name == memory_check ? checks : case_ids).push_back(name);
+  for (const std::string& name : named) {
+    (name == nan_check || name == stall_check || name == memory_check || name == rules_check ? checks : case_ids).push_back(name);
+  }
   if (named.empty()) {
-    checks = {nan_check, stall_check};
+    checks = {nan_check, rules_check, stall_check};
     if (!small) checks.push_back(memory_check);  // (run in a fixed order below, the stall last)
   }
   std::vector<cases::MoeCase> chosen;
@@ -343,6 +435,7 @@ int main(int argc, char** argv) {
     }
     const auto asked = [&](const std::string& check) { return std::find(checks.begin(), checks.end(), check) != checks.end(); };
     if (asked(nan_check)) nan_logits_are_reported();
+    if (asked(rules_check)) router_rules_match_the_cpu(seed);
     if (asked(memory_check)) device_memory_estimate_holds();
     if (asked(stall_check)) stalled_stream_is_a_timeout();  // last: the stalled kernel may still run
   } catch (const std::exception& e) {

@@ -78,6 +78,7 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
     Strategy ran = Strategy::Sequential;
     {
       cuda::EpMoeLayer ep(layer, step.weights, transport, options, harness);
+      ep.set_selection_bias(step.selection_bias);
       ran = ep.strategy();
       if (r == 0) result.description = how + ", " + ep.description();
       for (int run = 0; run < 2; ++run) {  // the first is the warm-up
@@ -111,6 +112,7 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
       plain.strategy = Strategy::Sequential;
       plain.record_trace = false;
       cuda::EpMoeLayer sequential(layer, step.weights, transport, plain, harness);
+      sequential.set_selection_bias(step.selection_bias);
       TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));
       sequential.forward(stream, x.data(), l.data(), out.data(), tokens);
       sequential.check(stream);
@@ -324,6 +326,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& op
   if (options.trace) throw_bad_input("--backend cuda writes device traces of expert-parallel steps: use --ranks 2 or more");
   const MoeConfig config = step.world.rank_config(0);
   cuda::MoeLayer layer(config, step.weights);
+  layer.set_selection_bias(step.selection_bias);
   const Matrix& input = step.inputs[0];
   const std::vector<float>& logits = step.logits[0];
   cuda::DeviceArray<__nv_bfloat16> x(input.data.data(), input.data.size() / 2);

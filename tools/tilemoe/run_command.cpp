@@ -118,10 +118,6 @@ CudaStepOptions cuda_step_options(const RunOptions& options) {
 // --backend cuda: the GPU forward of one rank, checked against the CPU executor and fp64 on the
 // routing the GPU chose (across backends the criterion is bf16 tolerance, not bitwise).
 int run_cuda(const RunOptions& options, const PreparedStep& step) {
-  if (!step.selection_bias.empty()) {
-    throw_bad_input(options.step.weights_path + " holds the router's selection bias (e_score_correction_bias), which the CUDA "
-                    "router does not apply yet: run it on the CPU engine (--backend cpu)");
-  }
 #ifdef TILEMOE_WITH_CUDA
   const CudaStepOptions cuda_options = cuda_step_options(options);
   const CudaStepOutput gpu = run_cuda_step(step, cuda_options);

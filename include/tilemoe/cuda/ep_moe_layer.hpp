@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -131,6 +132,12 @@ class EpMoeLayer {
   // (track "consumer", a lane per CTA), %globaltimer ns; needs record_trace. Waits for the
   // stream as check() does, bounded: a stalled step is a Timeout error, never a hang.
   std::vector<DeviceSpan> last_trace(cudaStream_t stream) const;
+
+  // The router's selection bias (DeepSeek-V3's e_score_correction_bias: one per expert, added to
+  // the scores to choose the experts, not to weigh them) for the forwards that follow; empty:
+  // none. Call it between steps (after check()): it copies on the layer's own stream and waits,
+  // bounded.
+  void set_selection_bias(std::span<const float> bias);
 
   // The routing of this rank's tokens in the last forward (waits for the stream, bounded).
   Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "tilemoe/config.hpp"
@@ -77,6 +78,12 @@ class MoeLayer {
   // last forward found on the device: a NaN or infinite router logit is a bad-input error
   // naming the token.
   void check(cudaStream_t stream);
+
+  // The router's selection bias (DeepSeek-V3's e_score_correction_bias: one per expert, added to
+  // the scores to choose the experts, not to weigh them) for the forwards that follow; empty:
+  // none. Call it between steps (after check()): it copies on the layer's own stream and waits,
+  // bounded.
+  void set_selection_bias(std::span<const float> bias);
 
   // The routing the last forward used (waits for the stream, as check() does), to check the expert path
   // against the CPU oracle on exactly the same choices.
