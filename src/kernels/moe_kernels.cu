@@ -358,6 +358,19 @@ void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, st
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace {
+__global__ void round_to_bf16_kernel(float* p, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = __bfloat162float(__float2bfloat16_rn(p[i]));
+}
+}  // namespace
+
+void launch_round_to_bf16(cudaStream_t stream, float* p, int n) {
+  if (n == 0) return;
+  round_to_bf16_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(p, n);
+  TILEMOE_CUDA_CHECK(cudaGetLastError());
+}
+
 void launch_fill(cudaStream_t stream, int* p, int n, int value) {
   if (n == 0) return;
   fill_kernel<<<blocks_for(n, 256), 256, 0, stream>>>(p, n, value);

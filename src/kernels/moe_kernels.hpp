@@ -19,6 +19,9 @@ void launch_random_bf16(cudaStream_t stream, __nv_bfloat16* p, std::size_t n, st
 // p[0 .. n) = value.
 void launch_fill(cudaStream_t stream, int* p, int n, int value);
 
+// p[0 .. n) rounded to bf16 (to nearest even), kept as fp32.
+void launch_round_to_bf16(cudaStream_t stream, float* p, int n);
+
 // The router's rule (MoeConfig::router) as the kernel takes it; the selection bias, if any, on
 // the device (one per expert).
 struct RouterRule {

@@ -591,6 +591,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
   for (const void* p : {static_cast<const void*>(input), static_cast<const void*>(output)}) {
     if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
   }
+  if (router_logits == nullptr && m.gate.count() == 0) {
+    throw_bad_input("forward without router logits needs the router's gate: call set_router_gate, or pass the logits");
+  }
   use_device(m.device);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TILEMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
@@ -610,7 +613,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
   };
   try {
     mark(kEpRouter);
-    m.launch_router(stream, router_logits, T, c);
+    m.launch_router(stream, input, router_logits, T, c);
     mark(kEpLayout);
     m.launch_layout(stream, T, c);
     mark(kEpPermute);
@@ -855,6 +858,12 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
     spans.push_back(std::move(s));
   }
   return spans;
+}
+
+void EpMoeLayer::set_router_gate(std::span<const float> gate, DType logits_dtype) {
+  Impl& m = *impl_;
+  use_device(m.device);
+  m.set_router_gate(m.config, gate, logits_dtype, m.own, [&m](const char* what) { m.wait_for_own(what); });
 }
 
 void EpMoeLayer::set_selection_bias(std::span<const float> bias) {

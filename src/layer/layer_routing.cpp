@@ -4,9 +4,11 @@
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "kernels/moe_kernels.hpp"
 #include "tilemoe/cuda/cuda_check.hpp"
+#include "tilemoe/dtype.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cuda {
@@ -67,8 +69,55 @@ void LayerRouting::set_selection_bias(const MoeConfig& c, std::span<const float>
   wait("the router's selection bias upload");
 }
 
-void LayerRouting::launch_router(cudaStream_t stream, const float* logits, int tokens, const MoeConfig& c) {
+LayerRouting::~LayerRouting() {
+  if (cublas != nullptr) cublasDestroy(cublas);
+}
+
+void LayerRouting::set_router_gate(const MoeConfig& c, std::span<const float> weights, DType dtype, cudaStream_t stream,
+                                   const std::function<void(const char*)>& wait) {
+  if (static_cast<std::int64_t>(weights.size()) != c.num_experts * c.hidden) {
+    throw_bad_input("the router's gate weight has " + std::to_string(weights.size()) + " values, [experts = " +
+                    std::to_string(c.num_experts) + "] x [hidden = " + std::to_string(c.hidden) + "] needed");
+  }
+  std::vector<std::uint16_t> bits(weights.size());
+  for (std::size_t i = 0; i < weights.size(); ++i) {
+    if (!std::isfinite(weights[i])) throw_bad_input("the router's gate weight " + std::to_string(i) + " is not finite");
+    bits[i] = float_to_bf16_bits(weights[i]);
+  }
+  if (cublas == nullptr) {
+    constexpr std::size_t kWorkspaceBytes = 4u << 20;  // cuBLAS's own default size on Hopper
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw_internal("cuBLAS could not start (cublasCreate)");
+    cublas_workspace = DeviceArray<char>(kWorkspaceBytes);
+    if (cublasSetWorkspace(cublas, cublas_workspace.data(), kWorkspaceBytes) != CUBLAS_STATUS_SUCCESS ||
+        cublasSetMathMode(cublas, CUBLAS_PEDANTIC_MATH) != CUBLAS_STATUS_SUCCESS) {
+      throw_internal("cuBLAS refused its workspace or math mode");
+    }
+  }
+  gate = DeviceArray<__nv_bfloat16>(bits.size());
+  projected = DeviceArray<float>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.num_experts, 1)));
+  logits_dtype = dtype;
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(gate.data(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice, stream));
+  wait("the router's gate upload");
+}
+
+void LayerRouting::launch_router(cudaStream_t stream, const __nv_bfloat16* input, const float* logits, int tokens,
+                                 const MoeConfig& c) {
   launch_fill(stream, error_token.data(), 1, INT_MAX);
+  if (logits == nullptr) {
+    if (gate.count() == 0) throw_bad_input("forward without router logits needs the router's gate: set_router_gate, or pass the logits");
+    if (tokens > 0) {
+      const float one = 1.0f, zero = 0.0f;
+      const int E = static_cast<int>(c.num_experts), H = static_cast<int>(c.hidden);
+      // column-major: projected^T [E x T] = gate [H x E]^T x input [H x T]
+      if (cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS ||
+          cublasGemmEx(cublas, CUBLAS_OP_T, CUBLAS_OP_N, E, tokens, H, &one, gate.data(), CUDA_R_16BF, H, input, CUDA_R_16BF, H,
+                       &zero, projected.data(), CUDA_R_32F, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+        throw_internal("cuBLAS refused the router's projection");
+      }
+      if (logits_dtype == DType::BF16) launch_round_to_bf16(stream, projected.data(), tokens * E);
+    }
+    logits = projected.data();
+  }
   RouterRule rule;
   rule.config = c.router;
   rule.renormalize = c.renormalize;

@@ -140,6 +140,7 @@ void MoeLayer::check(cudaStream_t stream) {
 }
 
 void MoeLayer::set_selection_bias(std::span<const float> bias) { impl_->layer->set_selection_bias(bias); }
+void MoeLayer::set_router_gate(std::span<const float> gate, DType logits_dtype) { impl_->layer->set_router_gate(gate, logits_dtype); }
 
 Routing MoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const {
   if (tokens < 0 || tokens > impl_->config.tokens) {

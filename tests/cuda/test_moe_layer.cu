@@ -215,15 +215,19 @@ void nan_logits_are_reported() {
 }
 
 // The router's rules of the model families on the GPU against the CPU's route() (the reference,
-// include/tilemoe/routing.hpp) on fresh logits: the same experts (a choice within rounding of a
-// tie may differ: at most 1 in 1000 slots) and weights within 1e-5 of the weights' scale; then
-// the layer's output against the CPU executor and fp64 on the GPU's routing.
+// include/tilemoe/routing.hpp) on fresh logits, given or projected by the layer's gate (against
+// the CPU's router_logits()): the same experts (a choice within rounding of a tie may differ: at
+// most 1 in 1000 slots) and weights within 1e-5 of the weights' scale (1e-2 for logits rounded
+// to bf16, where a sum in another order may round to the neighbouring bf16); then the layer's
+// output against the CPU executor and fp64 on the GPU's routing.
 void router_rules_match_the_cpu(std::uint64_t seed) {
   struct Rule {
     const char* name;
     std::int64_t experts, top_k;
     bool renormalize, bias;
     RouterConfig router;
+    bool from_gate = false;  // the layer projects the logits (set_router_gate) in logits_dtype
+    DType logits_dtype = DType::F32;
   };
   RouterConfig deepseek;  // DeepSeek-V3: sigmoid, the bias to choose, 8 groups / 4 kept, renormalised, scaled
   deepseek.score = ScoreFunction::Sigmoid;
@@ -246,6 +250,8 @@ void router_rules_match_the_cpu(std::uint64_t seed) {
       {"gpt-oss", 32, 4, false, false, gpt_oss},
       {"sqrt-softplus, biased", 96, 6, true, true, v4},
       {"softmax in 40 groups", 1000, 8, true, false, grouped_softmax},
+      {"deepseek-v3, fp32 logits from the gate", 256, 8, true, true, deepseek, true, DType::F32},
+      {"mixtral, bf16 logits from the gate", 8, 2, true, false, RouterConfig{}, true, DType::BF16},
   };
   for (const Rule& rule : rules) {
     std::printf("router rule: %s\n", rule.name);
@@ -264,15 +270,24 @@ void router_rules_match_the_cpu(std::uint64_t seed) {
     }
     const ExpertWeights weights = random_weights(config, seed + 7);
     std::vector<std::uint16_t> x(static_cast<std::size_t>(config.tokens * config.hidden));
-    for (std::uint16_t& v : x) v = float_to_bf16_bits(normal(rng) * 0.5f);
+    std::normal_distribution<float> activation(0.0f, 1.0f);
+    for (std::uint16_t& v : x) v = float_to_bf16_bits(activation(rng));
+    Matrix in(DType::BF16, config.tokens, config.hidden);
+    std::memcpy(in.data.data(), x.data(), in.data.size());
     cuda::MoeLayer layer(config, weights, 0, layer_options());
     layer.set_selection_bias(bias);
+    if (rule.from_gate) {  // bf16 gate values, scaled so that the logits spread about as above
+      std::vector<float> gate(static_cast<std::size_t>(config.num_experts * config.hidden));
+      for (float& g : gate) g = round_to(DType::BF16, normal(rng) / std::sqrt(static_cast<float>(config.hidden)));
+      layer.set_router_gate(gate, rule.logits_dtype);
+      logits = router_logits(in, gate, config.num_experts, rule.logits_dtype);
+    }
     auto* input = device_copy<__nv_bfloat16>(x.data(), x.size() * 2);
     auto* d_logits = device_copy<float>(logits.data(), logits.size() * 4);
     __nv_bfloat16* output = nullptr;
     TILEMOE_CUDA_CHECK(cudaMalloc(&output, x.size() * 2));
     TILEMOE_CUDA_CHECK(cudaMemset(output, 0xff, x.size() * 2));  // NaN poison
-    layer.forward(nullptr, input, d_logits, output, config.tokens);
+    layer.forward(nullptr, input, rule.from_gate ? nullptr : d_logits, output, config.tokens);
     check_or_exit(layer, nullptr);
     const Routing gpu = layer.last_routing(nullptr, config.tokens);
     const Routing cpu = route(config, logits, 0, bias);
@@ -282,8 +297,8 @@ void router_rules_match_the_cpu(std::uint64_t seed) {
       id_mismatch += gpu.expert[s] != cpu.expert[s];
       if (gpu.expert[s] == cpu.expert[s]) weight_diff = std::max(weight_diff, std::abs(double(gpu.weight[s]) - cpu.weight[s]));
     }
-    const double scale = rule.router.scaling;
-    expect(id_mismatch * 1000 <= static_cast<std::int64_t>(gpu.expert.size()) && weight_diff <= 1e-5 * scale,
+    const double scale = rule.router.scaling, tolerance = rule.from_gate && rule.logits_dtype == DType::BF16 ? 1e-2 : 1e-5;
+    expect(id_mismatch * 1000 <= static_cast<std::int64_t>(gpu.expert.size()) && weight_diff <= tolerance * scale,
            std::string(rule.name) + ": " + std::to_string(id_mismatch) + " of " + std::to_string(gpu.expert.size()) +
                " experts differ from the CPU's, weights within " + std::to_string(weight_diff));
     Matrix out(DType::BF16, config.tokens, config.hidden);
@@ -291,8 +306,6 @@ void router_rules_match_the_cpu(std::uint64_t seed) {
     EpWorld world;
     world.layer = config;
     world.tokens_per_rank = {config.tokens};
-    Matrix in(DType::BF16, config.tokens, config.hidden);
-    std::memcpy(in.data.data(), x.data(), in.data.size());
     const cases::OracleErrors e = cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
     expect(e.within_tolerance(), std::string(rule.name) + ": the layer's output on the GPU's routing against the CPU executor and fp64 (" +
                                      e.describe() + ")");

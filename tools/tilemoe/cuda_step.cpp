@@ -63,6 +63,7 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
   const auto ri = static_cast<std::size_t>(r);
   const std::int64_t tokens = step.world.tokens_per_rank[ri];
   const Matrix& input = step.inputs[ri];
+  const bool projected = !step.router_gate.empty();  // the layer's router computes the logits from its gate
   transport.bind_thread();
   cudaStream_t stream = transport.stream(cuda::RankStream::Main);  // the world's (rank_transport.hpp says why)
   cudaEvent_t start, end;
@@ -79,12 +80,13 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
     {
       cuda::EpMoeLayer ep(layer, step.weights, transport, options, harness);
       ep.set_selection_bias(step.selection_bias);
+      if (projected) ep.set_router_gate(step.router_gate, step.router_logits_dtype);
       ran = ep.strategy();
       if (r == 0) result.description = how + ", " + ep.description();
       for (int run = 0; run < 2; ++run) {  // the first is the warm-up
         TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));  // NaN poison
         TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
-        ep.forward(stream, x.data(), l.data(), out.data(), tokens);
+        ep.forward(stream, x.data(), projected ? nullptr : l.data(), out.data(), tokens);
         TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
         ep.check(stream);
       }
@@ -113,8 +115,9 @@ void run_rank_step(const PreparedStep& step, const MoeConfig& layer, cuda::RankT
       plain.record_trace = false;
       cuda::EpMoeLayer sequential(layer, step.weights, transport, plain, harness);
       sequential.set_selection_bias(step.selection_bias);
+      if (projected) sequential.set_router_gate(step.router_gate, step.router_logits_dtype);
       TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));
-      sequential.forward(stream, x.data(), l.data(), out.data(), tokens);
+      sequential.forward(stream, x.data(), projected ? nullptr : l.data(), out.data(), tokens);
       sequential.check(stream);
       Matrix plain_output(DType::BF16, tokens, layer.hidden);
       if (!plain_output.data.empty()) {
@@ -327,6 +330,8 @@ CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& op
   const MoeConfig config = step.world.rank_config(0);
   cuda::MoeLayer layer(config, step.weights);
   layer.set_selection_bias(step.selection_bias);
+  const bool projected = !step.router_gate.empty();  // the layer's router computes the logits from its gate
+  if (projected) layer.set_router_gate(step.router_gate, step.router_logits_dtype);
   const Matrix& input = step.inputs[0];
   const std::vector<float>& logits = step.logits[0];
   cuda::DeviceArray<__nv_bfloat16> x(input.data.data(), input.data.size() / 2);
@@ -342,7 +347,7 @@ CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& op
   for (int run = 0; run < 2; ++run) {  // the first is the warm-up
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(out.data(), 0xff, input.data.size(), stream));
     TILEMOE_CUDA_CHECK(cudaEventRecord(start, stream));
-    layer.forward(stream, x.data(), l.data(), out.data(), config.tokens);
+    layer.forward(stream, x.data(), projected ? nullptr : l.data(), out.data(), config.tokens);
     TILEMOE_CUDA_CHECK(cudaEventRecord(end, stream));
     exit_on_stall([&] { layer.check(stream); });
   }

@@ -208,6 +208,8 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
       const DType logits_dtype = o.router_logits_dtype.empty() ? layer.dtype : parse_dtype(o.router_logits_dtype);
       loaded.logits = router_logits(loaded.input, router.gate, layer.num_experts, logits_dtype);
       step.source += ", logits from the gate of " + o.weights_path + " (" + std::string(dtype_name(logits_dtype)) + ")";
+      step.router_gate = std::move(router.gate);
+      step.router_logits_dtype = logits_dtype;
     }
     logits = split_logits_by_rank(loaded.logits, layer.num_experts, step.world.tokens_per_rank);
   } else {

@@ -57,6 +57,11 @@ struct PreparedStep {
   std::vector<std::vector<float>> logits;  // per rank, [tokens, experts]
   std::vector<Routing> routing;
   std::vector<float> selection_bias;  // the router's, from --weights (empty: none)
+  // the router's gate when it computed the logits (from --weights, the --inputs file having
+  // none): [experts][hidden], and the dtype the logits were rounded to. The GPU layer then
+  // projects them itself.
+  std::vector<float> router_gate;
+  DType router_logits_dtype = DType::F32;
   ExpertWeights weights;
   std::string source;  // what the data is, for the report
 };

@@ -80,9 +80,10 @@ struct EpMoeLayerHarness {
   // A corrupted device plan (either strategy): the first dispatch segment names a flag the
   // exchange does not hold; the rank must refuse to run it with an error naming the segment.
   bool unrunnable_dispatch_segment = false;
-  // Compile the step's plan on the device on the stock GEMM path too (sequential only), for the
-  // tests to hold against the host compiler (EpMoeLayerInspector::last_device_plan). On the
-  // planned path the sequential strategy compiles it every step: its GEMMs walk it.
+  // Compile the step's plan on the device where the layer would not need it (the host dispatch
+  // path on the stock GEMM; sequential only), for the tests to hold against the host compiler
+  // (EpMoeLayerInspector::last_device_plan). The device exchange and the planned GEMMs walk it
+  // every step anyway.
   bool build_device_plan = false;
 };
 
@@ -113,7 +114,8 @@ class EpMoeLayer {
   EpMoeLayer& operator=(const EpMoeLayer&) = delete;
 
   // One step; every rank of the world must call it, each with its own tokens (0..layer.tokens).
-  // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32, output [tokens, hidden]
+  // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32 (or null: the gate computes
+  // them, set_router_gate), output [tokens, hidden]
   // bf16, device pointers 16-byte aligned. With ranks sharing a GPU (virtual ranks) the stream
   // must be the world's transport.stream(RankStream::Main): other streams can share a hardware
   // queue with a peer's waiting kernel (rank_transport.hpp). A captured forward of such ranks:
@@ -138,6 +140,11 @@ class EpMoeLayer {
   // none. Call it between steps (after check()): it copies on the layer's own stream and waits,
   // bounded.
   void set_selection_bias(std::span<const float> bias);
+  // The router inside the layer: its gate [experts][hidden] (Hugging Face's gate.weight), for
+  // the forwards given no router logits (router_logits = nullptr): logits = input x gate^T with
+  // fp32 sums (bf16 inputs), rounded to `logits_dtype` (Mixtral and Qwen compute them in the
+  // model's bf16, DeepSeek-V3 in fp32). Call it between steps; it copies and waits, bounded.
+  void set_router_gate(std::span<const float> gate, DType logits_dtype = DType::BF16);
 
   // The routing of this rank's tokens in the last forward (waits for the stream, bounded).
   Routing last_routing(cudaStream_t stream, std::int64_t tokens) const;

@@ -63,7 +63,8 @@ class MoeLayer {
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
 
-  // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32, output [tokens, hidden]
+  // input [tokens, hidden] bf16, router_logits [tokens, experts] fp32 (or null: the gate computes
+  // them, set_router_gate), output [tokens, hidden]
   // bf16: device pointers, 16-byte aligned. tokens <= config.tokens.
   void forward(cudaStream_t stream, const __nv_bfloat16* input, const float* router_logits, __nv_bfloat16* output,
                std::int64_t tokens, const StageEvents* events = nullptr);
@@ -84,6 +85,11 @@ class MoeLayer {
   // none. Call it between steps (after check()): it copies on the layer's own stream and waits,
   // bounded.
   void set_selection_bias(std::span<const float> bias);
+  // The router inside the layer: its gate [experts][hidden] (Hugging Face's gate.weight), for
+  // the forwards given no router logits (router_logits = nullptr): logits = input x gate^T with
+  // fp32 sums (bf16 inputs), rounded to `logits_dtype` (Mixtral and Qwen compute them in the
+  // model's bf16, DeepSeek-V3 in fp32). Call it between steps; it copies and waits, bounded.
+  void set_router_gate(std::span<const float> gate, DType logits_dtype = DType::BF16);
 
   // The routing the last forward used (waits for the stream, as check() does), to check the expert path
   // against the CPU oracle on exactly the same choices.
