@@ -591,9 +591,6 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
   for (const void* p : {static_cast<const void*>(input), static_cast<const void*>(output)}) {
     if (tokens > 0 && reinterpret_cast<std::uintptr_t>(p) % 16 != 0) throw_bad_input("input and output must be 16-byte aligned");
   }
-  if (router_logits == nullptr && m.gate.count() == 0) {
-    throw_bad_input("forward without router logits needs the router's gate: call set_router_gate, or pass the logits");
-  }
   use_device(m.device);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TILEMOE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
@@ -604,6 +601,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
   if (m.transport->ranks_per_device() > 1 && stream != m.transport->stream(RankStream::Main)) {
     throw_bad_input("ranks sharing a GPU run their steps on the world's stream: pass RankTransport::stream(RankStream::Main) "
                     "(another stream can share a hardware queue with a peer's waiting kernel and stall both)");
+  }
+  if (tokens > 0 && router_logits == nullptr && m.gate.count() == 0) {
+    throw_bad_input("forward without router logits needs the router's gate: call set_router_gate, or pass the logits");
   }
 
   const int T = static_cast<int>(tokens), k = static_cast<int>(c.top_k);
