@@ -93,10 +93,11 @@ struct EpMoeLayer::Impl : LayerRouting {
   std::string split_note;          // how the split was chosen, for description()
   EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
   int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the band flag the corrupted wait names
-  int unrunnable_flag = 0;         // harness.unrunnable_dispatch_segment: a flag past the exchange's
+  int unrunnable_flag = 0;         // harness.unrunnable_dispatch_segment: a flag id past the exchange's segment flags
   // The step's plan, compiled on the device from the exchanged counts by the strategy's compiler
-  // (sequential or tile_signal): the planned GEMMs walk its tiles, the band consumer its pieces
-  // (harness.build_device_plan builds the sequential one on the stock path too); and the tokens
+  // (sequential or tile_signal): the device exchange walks its dispatch and combine segments, the
+  // planned GEMMs its tiles, the band consumer its pieces (harness.build_device_plan builds the
+  // sequential one where none of them runs: the host path on the stock GEMM); and the tokens
   // of the step that compiled it.
   std::unique_ptr<DevicePlanTables> device_plan;
   bool ffn_walks_plan = false;
@@ -639,8 +640,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     const bool exchange_walks_plan = !m.direct && m.options.dispatch == DispatchPath::Device;
     const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts);
     if (m.device_plan) {  // from the counts this step exchanged
-      const bool inbox = !m.direct && m.options.dispatch == DispatchPath::Device;
-      const int* counts = inbox ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
+      const int* counts = exchange_walks_plan ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
       const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
       if (overlap) {
         launch_compile_tile_signal(stream, counts, m.tile_signal_plan_shape(T), *m.device_plan);
