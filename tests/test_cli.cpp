@@ -219,6 +219,45 @@ TEST_F(Cli, DeepSeekRoutingWithTheBiasFromTheWeightsFile) {
   EXPECT_THAT(bad.err, HasSubstr("one value per expert"));
 }
 
+TEST_F(Cli, QwenAndDeepSeekExpertNamesReadAsMixtrals) {
+  // the same matrices under Qwen-MoE's and DeepSeek's names (gate_proj, up_proj, down_proj) give
+  // the same weights, and so the same output bitwise; a file spelling one matrix both ways is refused
+  const std::int64_t tokens = 9, hidden = 16, ffn = 24, experts = 4;
+  const std::string prefix = "model.layers.2.mlp.";
+  write_hf_step(path("in.safetensors"), path("mixtral.safetensors"), prefix, tokens, hidden, ffn, experts, 8);
+  const auto mixtral = safetensors::File::open(path("mixtral.safetensors"));
+  std::vector<safetensors::TensorToWrite> renamed, both;
+  for (const auto& info : mixtral.tensors()) {
+    std::string name = info.name;
+    for (const auto& [from, to] : {std::pair{"w1.weight", "gate_proj.weight"}, {"w3.weight", "up_proj.weight"}, {"w2.weight", "down_proj.weight"}}) {
+      if (name.ends_with(from)) name.replace(name.size() - std::string(from).size(), std::string::npos, to);
+    }
+    renamed.push_back({name, info.type, info.shape, mixtral.bytes(info)});
+    both.push_back({info.name, info.type, info.shape, mixtral.bytes(info)});
+  }
+  safetensors::write(path("qwen.safetensors"), renamed);
+  MoeConfig layer = tilemoe::testing::make_world({tokens}, hidden, ffn, experts, 2).layer;
+  const ExpertWeights a = load_weights(path("mixtral.safetensors"), layer), b = load_weights(path("qwen.safetensors"), layer);
+  EXPECT_EQ(a.w1t, b.w1t);
+  EXPECT_EQ(a.w3t, b.w3t);
+  EXPECT_EQ(a.w2t, b.w2t);
+  std::string outputs[2];
+  for (int i = 0; i < 2; ++i) {
+    const Result r = tilemoe("run --ranks 2 --top-k 2 --inputs " + path("in.safetensors") + " --weights " +
+                             path(i == 0 ? "mixtral.safetensors" : "qwen.safetensors") + " --output " + path("out.safetensors"));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const auto file = safetensors::File::open(path("out.safetensors"));
+    const auto bytes = file.bytes(file.get("output"));
+    outputs[i].assign(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  both.push_back(renamed.front());  // expert 0's first matrix once more, in the other spelling
+  safetensors::write(path("both.safetensors"), both);
+  const Result refused = tilemoe("run --ranks 2 --top-k 2 --inputs " + path("in.safetensors") + " --weights " + path("both.safetensors"));
+  EXPECT_EQ(refused.code, 2);
+  EXPECT_THAT(refused.err, HasSubstr("both name expert 0's"));
+}
+
 TEST_F(Cli, TheLogitsFromTheWeightsFilesGate) {
   // an inputs file without router_logits: the router's gate.weight in the weights file computes
   // them (in the layer dtype, or --router-logits-dtype)

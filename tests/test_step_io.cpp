@@ -39,6 +39,21 @@ TEST(ExpertTensorName, TakesTheHuggingFaceNameApart) {
   EXPECT_TRUE(parse_expert_tensor_name("experts.0.w2.weight"));
 }
 
+TEST(ExpertTensorName, QwenAndDeepSeekNamesAreTheSameMatrices) {
+  const char* spellings[][2] = {{"gate_proj", "w1"}, {"up_proj", "w3"}, {"down_proj", "w2"}};
+  for (const auto& [spelling, part] : spellings) {
+    const auto name = parse_expert_tensor_name(std::string("model.layers.3.mlp.experts.5.") + spelling + ".weight");
+    ASSERT_TRUE(name) << spelling;
+    EXPECT_EQ(name->prefix, "model.layers.3.mlp.");
+    EXPECT_EQ(name->expert, 5);
+    EXPECT_EQ(name->part, part);
+    EXPECT_EQ(name->spelling, spelling);
+  }
+  for (const char* name : {"experts.0.xgate_proj.weight", "experts.0.gate_proj.bias", "experts.0.proj.weight", "experts.0.gate.weight"}) {
+    EXPECT_FALSE(parse_expert_tensor_name(name)) << name;
+  }
+}
+
 TEST(ExpertTensorName, OtherTensorsAreNotExperts) {
   for (const char* name : {"input", "experts.0.w4.weight", "experts.0.w1.bias", "experts.x.w1.weight", "experts..w1.weight",
                            "xperts.0.w1.weight", "experts.0w1.weight", "experts.0.xw1.weight", "w1.weight", ""}) {

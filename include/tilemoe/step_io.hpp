@@ -7,7 +7,9 @@
 //                logits may be left out when the weights file holds the router's gate.
 //  weights file: per expert e, "<prefix>experts.<e>.w1.weight" [ffn, hidden] (gate),
 //                "...w3.weight" [ffn, hidden] (up; SwiGLU only), "...w2.weight" [hidden, ffn]
-//                (down): the Hugging Face Mixtral names; one prefix per file; optionally the
+//                (down): the Hugging Face Mixtral names, or Qwen-MoE's and DeepSeek's
+//                "...gate_proj", "...up_proj", "...down_proj" for w1, w3, w2 (one spelling per
+//                matrix); one prefix per file; optionally the
 //                router's gate "<prefix>gate.weight" [experts, hidden] and its selection bias
 //                "<prefix>gate.e_score_correction_bias" [experts] (DeepSeek-V3's name), F32, BF16
 //                or F16.

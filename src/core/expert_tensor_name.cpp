@@ -26,21 +26,24 @@ std::string shortened(std::string_view digits) {
 
 std::optional<ExpertTensorName> parse_expert_tensor_name(std::string_view name) {
   static constexpr std::string_view kExperts = "experts.";
-  static constexpr std::array<std::string_view, 3> kParts = {"w1", "w2", "w3"};
+  // each spelling and the part it is: Mixtral's, then Qwen-MoE's and DeepSeek's
+  static constexpr std::array<std::array<std::string_view, 2>, 6> kParts = {{
+      {"w1", "w1"}, {"w2", "w2"}, {"w3", "w3"}, {"gate_proj", "w1"}, {"down_proj", "w2"}, {"up_proj", "w3"}}};
   // "<prefix>experts.<digits>.<part>.weight", read from the end: every step is a fixed suffix
   // or the run of digits before it, so the whole match is one pass, whatever the length.
   std::string_view rest = name;
   static constexpr std::string_view kWeight = ".weight";
   if (!ends_with(rest, kWeight)) return std::nullopt;
   rest.remove_suffix(kWeight.size());
-  std::string_view part;
-  for (std::string_view candidate : kParts) {
+  std::string_view part, spelling;
+  for (const auto& [candidate, meaning] : kParts) {
     if (ends_with(rest, candidate) && rest.size() > candidate.size() && rest[rest.size() - candidate.size() - 1] == '.') {
-      part = candidate;
+      spelling = candidate;
+      part = meaning;
     }
   }
   if (part.empty()) return std::nullopt;
-  rest.remove_suffix(part.size() + 1);
+  rest.remove_suffix(spelling.size() + 1);
   std::size_t digits = 0;
   while (digits < rest.size() && is_digit(rest[rest.size() - 1 - digits])) ++digits;
   if (digits == 0) return std::nullopt;
@@ -65,7 +68,7 @@ std::optional<ExpertTensorName> parse_expert_tensor_name(std::string_view name) 
                       ", the most experts a layer may have");
     }
   }
-  return ExpertTensorName{std::string(rest), expert, std::string(part)};
+  return ExpertTensorName{std::string(rest), expert, std::string(part), std::string(spelling)};
 }
 
 }  // namespace tilemoe

@@ -1,7 +1,9 @@
 #pragma once
-// The Hugging Face name of one expert matrix, "<prefix>experts.<e>.<w1|w2|w3>.weight", taken
-// apart without a regex: std::regex matches recursively in the name's length, so a name of some
-// tens of thousands of characters from a file overflowed the stack.
+// The Hugging Face name of one expert matrix: Mixtral's "<prefix>experts.<e>.<w1|w2|w3>.weight",
+// or Qwen-MoE's and DeepSeek's "<prefix>experts.<e>.<gate_proj|down_proj|up_proj>.weight" (the
+// same matrices: gate, down, up). Taken apart without a regex: std::regex matches recursively in
+// the name's length, so a name of some tens of thousands of characters from a file overflowed
+// the stack.
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -14,7 +16,8 @@ namespace tilemoe {
 struct ExpertTensorName {
   std::string prefix;  // everything before "experts.", e.g. "model.layers.0.block_sparse_moe."
   std::int64_t expert = 0;
-  std::string part;    // "w1", "w2" or "w3"
+  std::string part;    // "w1", "w2" or "w3" (gate_proj, down_proj and up_proj read as these)
+  std::string spelling;  // the part as the name spells it
 };
 
 // nullopt for a name that is not an expert matrix (another tensor of the file, ignored).

@@ -62,7 +62,11 @@ ExpertNames find_expert_tensors(const safetensors::File& file) {
     const std::optional<ExpertTensorName> parsed = parse_expert_tensor_name(info.name);
     if (!parsed) continue;
     prefixes.insert(parsed->prefix);
-    names.by_expert[parsed->expert][parsed->part] = info.name;
+    auto [held, added] = names.by_expert[parsed->expert].emplace(parsed->part, info.name);
+    if (!added) {  // e.g. both "experts.3.w1.weight" and "experts.3.gate_proj.weight"
+      throw_bad_input(file.source_name() + ": " + quoted(held->second) + " and " + quoted(info.name) + " both name expert " +
+                      std::to_string(parsed->expert) + "'s " + parsed->part + " matrix; keep one");
+    }
   }
   if (prefixes.empty()) {
     throw_bad_input(file.source_name() + ": no expert weights found; expected tensors named like "

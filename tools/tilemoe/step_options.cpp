@@ -46,7 +46,7 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
   app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str()->check(kNotNegative);
   app.add_option("--inputs", inputs_path, "safetensors file with 'input' [T, hidden] and 'router_logits' [T, E]");
-  app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight (Hugging Face names)");
+  app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight or gate_proj/down_proj/up_proj (Hugging Face names)");
   app.add_option("--tile-m", plan.tile_m, "GEMM tile rows")->capture_default_str();
   app.add_option("--tile-n", plan.tile_n, "GEMM tile columns")->capture_default_str();
   app.add_option("--compute-workers", plan.compute_workers, "compute workers per rank")->capture_default_str();
