@@ -93,7 +93,6 @@ class Family:
     scaling: float = 1.0
     selection_bias: str = ""  # "", "mixed" (both signs, around 0) or "negative" (the opt-in case)
     router_bias: bool = False  # GPT-OSS's router bias: tilemoe has none, so it takes transformers' logits
-    default: bool = True
     prefix: str = PREFIX_MLP
 
     @property
@@ -588,7 +587,7 @@ def parse_args(argv):
     parser.add_argument("--tilemoe", required=True, help="the tilemoe CLI binary")
     parser.add_argument("--json", help="write the summary here")
     parser.add_argument("--family", action="append", choices=[f.name for f in FAMILIES],
-                        help="only these families (repeatable; default: all but the opt-in ones)")
+                        help="only these families (repeatable; default: all)")
     parser.add_argument("--dtype", action="append", choices=["fp32", "bf16"], help="only these dtypes (default both)")
     parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="token counts, e.g. 1,33,300")
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="base seed; each case's seed derives from it")
@@ -617,7 +616,7 @@ def parse_args(argv):
         parser.error(f"--json {args.json}: its folder does not exist")
     if args.keep and not os.path.isdir(args.keep):
         parser.error(f"--keep {args.keep}: not a folder")
-    args.families = [FAMILY_BY_NAME[n] for n in args.family] if args.family else [f for f in FAMILIES if f.default]
+    args.families = [FAMILY_BY_NAME[n] for n in args.family] if args.family else list(FAMILIES)
     args.dtypes = args.dtype or ["fp32", "bf16"]
     return args
 
