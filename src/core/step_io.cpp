@@ -5,6 +5,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "expert_tensor_name.hpp"
 #include "tilemoe/error.hpp"
@@ -58,15 +60,12 @@ struct ExpertNames {
 ExpertNames find_expert_tensors(const safetensors::File& file) {
   ExpertNames names;
   std::set<std::string> prefixes;
+  std::vector<std::pair<ExpertTensorName, std::string>> found;  // and the tensor's name
   for (const auto& info : file.tensors()) {
-    const std::optional<ExpertTensorName> parsed = parse_expert_tensor_name(info.name);
+    std::optional<ExpertTensorName> parsed = parse_expert_tensor_name(info.name);
     if (!parsed) continue;
     prefixes.insert(parsed->prefix);
-    auto [held, added] = names.by_expert[parsed->expert].emplace(parsed->part, info.name);
-    if (!added) {  // e.g. both "experts.3.w1.weight" and "experts.3.gate_proj.weight"
-      throw_bad_input(file.source_name() + ": " + quoted(held->second) + " and " + quoted(info.name) + " both name expert " +
-                      std::to_string(parsed->expert) + "'s " + parsed->part + " matrix; keep one");
-    }
+    found.emplace_back(std::move(*parsed), info.name);
   }
   if (prefixes.empty()) {
     throw_bad_input(file.source_name() + ": no expert weights found; expected tensors named like "
@@ -78,6 +77,13 @@ ExpertNames find_expert_tensors(const safetensors::File& file) {
                     "); save one layer's experts per file");
   }
   names.prefix = *prefixes.begin();
+  for (const auto& [parsed, name] : found) {
+    auto [held, added] = names.by_expert[parsed.expert].emplace(parsed.part, name);
+    if (!added) {  // e.g. both "experts.3.w1.weight" and "experts.3.gate_proj.weight"
+      throw_bad_input(file.source_name() + ": " + quoted(held->second) + " and " + quoted(name) + " both name expert " +
+                      std::to_string(parsed.expert) + "'s " + parsed.part + " matrix; keep one");
+    }
+  }
   std::int64_t expected = 0;
   for (const auto& [e, parts] : names.by_expert) {
     if (e != expected) throw_bad_input(file.source_name() + ": expert " + std::to_string(expected) + " is missing");
