@@ -44,6 +44,12 @@ struct Routing {
 // stores `gate.weight`.
 std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype);
 
+// What every router takes of the model's router tensors, checked alike on every backend (bad
+// input otherwise): a gate of experts x hidden finite values; a selection bias empty or of one
+// finite value per expert.
+void check_router_gate(std::span<const float> gate, std::int64_t experts, std::int64_t hidden);
+void check_selection_bias(std::span<const float> bias, std::int64_t experts);
+
 // `logits` is [config.tokens, config.num_experts] row-major. A NaN or infinite logit is a
 // bad-input error naming the rank, the token and the expert. `selection_bias`: empty, or one
 // finite value per expert added to the scores to choose only (DeepSeek-V3's

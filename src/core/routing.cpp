@@ -75,11 +75,28 @@ void limit_to_groups(const RouterConfig& r, std::int64_t experts, float* choice,
 
 }  // namespace
 
-std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype) {
-  if (experts < 1 || static_cast<std::int64_t>(gate.size()) != experts * input.cols) {
+void check_router_gate(std::span<const float> gate, std::int64_t experts, std::int64_t hidden) {
+  if (experts < 1 || static_cast<std::int64_t>(gate.size()) != experts * hidden) {
     throw_bad_input("the router's gate weight has " + std::to_string(gate.size()) + " values, [experts = " + std::to_string(experts) +
-                    "] x [hidden = " + std::to_string(input.cols) + "] needed");
+                    "] x [hidden = " + std::to_string(hidden) + "] needed");
   }
+  for (std::size_t i = 0; i < gate.size(); ++i) {
+    if (!std::isfinite(gate[i])) throw_bad_input("the router's gate weight " + std::to_string(i) + " is not finite");
+  }
+}
+
+void check_selection_bias(std::span<const float> bias, std::int64_t experts) {
+  if (!bias.empty() && static_cast<std::int64_t>(bias.size()) != experts) {
+    throw_bad_input("the router's selection bias has " + std::to_string(bias.size()) + " values, one per expert is " +
+                    std::to_string(experts));
+  }
+  for (std::size_t e = 0; e < bias.size(); ++e) {
+    if (!std::isfinite(bias[e])) throw_bad_input("the router's selection bias of expert " + std::to_string(e) + " is not finite");
+  }
+}
+
+std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype) {
+  check_router_gate(gate, experts, input.cols);
   const std::vector<float> x = input.to_floats();
   std::vector<float> logits(static_cast<std::size_t>(input.rows * experts));
   for (std::int64_t t = 0; t < input.rows; ++t) {
@@ -104,13 +121,7 @@ Routing route(const MoeConfig& config, std::span<const float> logits, int rank, 
                     std::to_string(logits.size()) + " values, expected tokens x experts = " +
                     std::to_string(config.tokens) + " x " + std::to_string(experts));
   }
-  if (!selection_bias.empty() && static_cast<std::int64_t>(selection_bias.size()) != experts) {
-    throw_bad_input("the router's selection bias has " + std::to_string(selection_bias.size()) + " values, one per expert is " +
-                    std::to_string(experts));
-  }
-  for (std::size_t e = 0; e < selection_bias.size(); ++e) {
-    if (!std::isfinite(selection_bias[e])) throw_bad_input("the router's selection bias of expert " + std::to_string(e) + " is not finite");
-  }
+  check_selection_bias(selection_bias, experts);
   Routing routing;
   routing.tokens = config.tokens;
   routing.top_k = k;

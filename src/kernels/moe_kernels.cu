@@ -16,6 +16,42 @@ constexpr int kMaxPerLane = 32;  // E <= 1024
 
 __device__ inline bool better(float a, int ia, float b, int ib) { return a > b || (a == b && ia < ib); }
 
+// Lane `lane`'s logits of a token (experts lane, lane + 32, ...; -inf past the experts); true on
+// every lane when any of the token's logits is NaN or infinite.
+template <int kPerLane>
+__device__ inline bool load_token_logits(const float* row, int experts, int lane, float (&value)[kPerLane]) {
+  bool bad = false;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int e = lane + i * kWarp;
+    value[i] = e < experts ? row[e] : -INFINITY;
+    bad |= e < experts && !isfinite(value[i]);
+  }
+  return __any_sync(0xffffffffu, bad);
+}
+
+// The softmax's numerators in place, exp(logit - max) for the lane's experts, and their sum over
+// the warp (each lane's in expert order, then a butterfly): one order for both router kernels.
+template <int kPerLane>
+__device__ inline float softmax_numerators(int experts, int lane, float (&value)[kPerLane]) {
+  float max_logit = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (lane + i * kWarp < experts) max_logit = fmaxf(max_logit, value[i]);
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (lane + i * kWarp < experts) {
+      value[i] = expf(value[i] - max_logit);
+      sum += value[i];
+    }
+  }
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  return sum;
+}
+
 // One warp per token; lane l holds experts l, l + 32, ... (kPerLane of them, E <= 32 * kPerLane).
 // kPerLane is a template argument so that every loop unrolls and the values stay in registers
 // (with a runtime bound and a dynamic index the array lived in local memory, and the router took
@@ -29,32 +65,16 @@ __global__ void router_kernel(const float* __restrict__ logits, int tokens, int 
   const int token = blockIdx.x * warps_per_block + threadIdx.x / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (token >= tokens) return;
-  const float* row = logits + static_cast<std::size_t>(token) * experts;
   float value[kPerLane];
-  float max_logit = -INFINITY;
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + i * kWarp;
-    value[i] = e < experts ? row[e] : -INFINITY;
-    if (e < experts) {
-      bad |= !isfinite(value[i]);
-      max_logit = fmaxf(max_logit, value[i]);
-    }
-  }
-  if (__any_sync(0xffffffffu, bad)) {
+  if (load_token_logits(logits + static_cast<std::size_t>(token) * experts, experts, lane, value)) {
     if (lane == 0) atomicMin(error_token, token);
     return;
   }
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
-  float sum = 0.0f;
+  const float sum = softmax_numerators(experts, lane, value);
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + i * kWarp;
-    value[i] = e < experts ? expf(value[i] - max_logit) : -1.0f;  // -1: never chosen
-    if (e < experts) sum += value[i];
+    if (lane + i * kWarp >= experts) value[i] = -1.0f;  // never chosen
   }
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
   float chosen_sum = 0.0f;
   for (int j = 0; j < top_k; ++j) {
     float best = -2.0f;
@@ -111,35 +131,14 @@ __global__ void rule_router_kernel(const float* __restrict__ logits, int tokens,
   const int token = blockIdx.x * kRuleWarpsPerBlock + warp;
   if (token >= tokens) return;  // the whole warp: nothing below synchronises more than the warp
   const RouterConfig& r = rule.config;
-  const float* row = logits + static_cast<std::size_t>(token) * experts;
   float score[kPerLane], choice[kPerLane];
-  bool bad = false;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int e = lane + i * kWarp;
-    score[i] = e < experts ? row[e] : 0.0f;
-    bad |= e < experts && !isfinite(score[i]);
-  }
-  if (__any_sync(0xffffffffu, bad)) {
+  if (load_token_logits(logits + static_cast<std::size_t>(token) * experts, experts, lane, score)) {
     if (lane == 0) atomicMin(error_token, token);
     return;
   }
-  // 1. scores in fp32
+  // 1. scores in fp32 (past the experts: never read, their choice is -inf below)
   if (r.score == ScoreFunction::Softmax) {
-    float max_logit = -INFINITY, sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (lane + i * kWarp < experts) max_logit = fmaxf(max_logit, score[i]);
-    }
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) max_logit = fmaxf(max_logit, __shfl_xor_sync(0xffffffffu, max_logit, offset));
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (lane + i * kWarp < experts) {
-        score[i] = expf(score[i] - max_logit);
-        sum += score[i];
-      }
-    }
-    for (int offset = kWarp / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    const float sum = softmax_numerators(experts, lane, score);
 #pragma unroll
     for (int i = 0; i < kPerLane; ++i) score[i] /= sum;
   } else {

@@ -71,6 +71,9 @@ struct EpMoeLayer::Impl : LayerRouting {
   // copies (measured before: they made a world of one 1.13-2.00x the one-GPU layer, H100,
   // BENCHMARKS.md, 2026-12-06) and computes the same bits.
   bool direct = false;
+  // The device path beyond a direct world of one: the counts kernel, then the segment copy runs
+  // the plan's dispatch (and sequential's combine send).
+  bool exchange_walks_plan = false;
 
   // this rank's permuted rows and the FFN's output (the routing state is the base class)
   DeviceArray<__nv_bfloat16> send_rows, y;
@@ -264,7 +267,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     host_tables = std::make_unique<PinnedArray<int>>(static_cast<std::size_t>(2 * 3 * E + local_experts + 1));
   }
   // the device exchange runs the step's plan: the sequential one, unless tile_signal compiles its own
-  const bool exchange_walks_plan = o.dispatch == DispatchPath::Device && !direct;
+  exchange_walks_plan = o.dispatch == DispatchPath::Device && !direct;
   if (h.unrunnable_dispatch_segment && !exchange_walks_plan) {
     throw_bad_input("unrunnable_dispatch_segment corrupts the plan of the device exchange, which this layer does not run");
   }
@@ -630,17 +633,16 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     if (m.direct) {  // the permuted rows are the expert rows: only the offsets move
       TILEMOE_CUDA_CHECK(cudaMemcpyAsync(m.local_row_offset.data(), m.row_offset.data(), m.local_row_offset.count() * sizeof(int),
                                          cudaMemcpyDeviceToDevice, stream));
-    } else if (m.options.dispatch == DispatchPath::Device) {
+    } else if (m.exchange_walks_plan) {
       launch_ep_begin_step(stream, m.epoch.data());
       launch_ep_exchange_counts(stream, view, args);
     } else {
       m.host_dispatch(stream, T);
     }
     const bool overlap = m.options.strategy == Strategy::TileSignal;
-    const bool exchange_walks_plan = !m.direct && m.options.dispatch == DispatchPath::Device;
     const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts);
     if (m.device_plan) {  // from the counts this step exchanged
-      const int* counts = exchange_walks_plan ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
+      const int* counts = m.exchange_walks_plan ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
       const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
       if (overlap) {
         launch_compile_tile_signal(stream, counts, m.tile_signal_plan_shape(T), *m.device_plan);
@@ -660,7 +662,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
                                            cudaMemcpyHostToDevice, stream));
       }
     }
-    if (exchange_walks_plan) launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments));
+    if (m.exchange_walks_plan) launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments));
     if (m.ffn) {
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
       const std::int64_t bound = m.layout.receive_capacity;
@@ -713,7 +715,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       if (m.direct) {
         // the FFN's output rows are the returned rows
-      } else if (exchange_walks_plan) {  // sequential's combine segments follow its dispatch's
+      } else if (m.exchange_walks_plan) {  // sequential's combine segments follow its dispatch's
         launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, dispatch_segments));
       } else {
         m.host_combine_send(stream);

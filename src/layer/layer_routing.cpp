@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -10,6 +9,7 @@
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/dtype.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/routing.hpp"
 
 namespace tilemoe::cuda {
 
@@ -53,16 +53,10 @@ DeviceFootprint LayerRouting::device_bytes(const MoeConfig& c) {
 
 void LayerRouting::set_selection_bias(const MoeConfig& c, std::span<const float> bias, cudaStream_t stream,
                                       const std::function<void(const char*)>& wait) {
+  check_selection_bias(bias, c.num_experts);
   if (bias.empty()) {
     selection_bias = DeviceArray<float>();
     return;
-  }
-  if (static_cast<std::int64_t>(bias.size()) != c.num_experts) {
-    throw_bad_input("the router's selection bias has " + std::to_string(bias.size()) + " values, one per expert is " +
-                    std::to_string(c.num_experts));
-  }
-  for (std::size_t e = 0; e < bias.size(); ++e) {
-    if (!std::isfinite(bias[e])) throw_bad_input("the router's selection bias of expert " + std::to_string(e) + " is not finite");
   }
   if (selection_bias.count() != bias.size()) selection_bias = DeviceArray<float>(bias.size());
   TILEMOE_CUDA_CHECK(cudaMemcpyAsync(selection_bias.data(), bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice, stream));
@@ -75,15 +69,9 @@ LayerRouting::~LayerRouting() {
 
 void LayerRouting::set_router_gate(const MoeConfig& c, std::span<const float> weights, DType dtype, cudaStream_t stream,
                                    const std::function<void(const char*)>& wait) {
-  if (static_cast<std::int64_t>(weights.size()) != c.num_experts * c.hidden) {
-    throw_bad_input("the router's gate weight has " + std::to_string(weights.size()) + " values, [experts = " +
-                    std::to_string(c.num_experts) + "] x [hidden = " + std::to_string(c.hidden) + "] needed");
-  }
-  std::vector<std::uint16_t> bits(weights.size());
-  for (std::size_t i = 0; i < weights.size(); ++i) {
-    if (!std::isfinite(weights[i])) throw_bad_input("the router's gate weight " + std::to_string(i) + " is not finite");
-    bits[i] = float_to_bf16_bits(weights[i]);
-  }
+  check_router_gate(weights, c.num_experts, c.hidden);
+  std::vector<std::byte> bits(weights.size() * 2);
+  store_row(DType::BF16, weights.data(), weights.size(), bits.data());
   if (cublas == nullptr) {
     constexpr std::size_t kWorkspaceBytes = 4u << 20;  // cuBLAS's own default size on Hopper
     if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS) throw_internal("cuBLAS could not start (cublasCreate)");
@@ -93,10 +81,10 @@ void LayerRouting::set_router_gate(const MoeConfig& c, std::span<const float> we
       throw_internal("cuBLAS refused its workspace or math mode");
     }
   }
-  gate = DeviceArray<__nv_bfloat16>(bits.size());
+  gate = DeviceArray<__nv_bfloat16>(weights.size());
   projected = DeviceArray<float>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.num_experts, 1)));
   logits_dtype = dtype;
-  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(gate.data(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice, stream));
+  TILEMOE_CUDA_CHECK(cudaMemcpyAsync(gate.data(), bits.data(), bits.size(), cudaMemcpyHostToDevice, stream));
   wait("the router's gate upload");
 }
 
