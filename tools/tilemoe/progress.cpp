@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
 
 namespace tilemoe::cli {
 
@@ -18,8 +20,14 @@ void ProgressBar::start(std::string label, std::uint64_t total, const std::atomi
   thread_ = std::jthread([label = std::move(label), total, done, terminal](std::stop_token stop) {
     const auto start = std::chrono::steady_clock::now();
     bool shown = false;
+    // Waits on the stop token, not a plain sleep: the work's end wakes the bar at once, so a
+    // short run does not pay up to a tick at every bar's destruction.
+    std::mutex mutex;
+    std::condition_variable_any tick;
+    std::unique_lock lock(mutex);
     while (!stop.stop_requested()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      tick.wait_for(lock, stop, std::chrono::milliseconds(100), [] { return false; });
+      if (stop.stop_requested()) break;
       const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
       if (spent < std::chrono::seconds(1)) continue;
       if (!terminal) {
