@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -56,6 +57,10 @@ class File {
   // Reads and checks the header first (its length against the file's size, every tensor's
   // range, nothing after the last tensor), then the data section; errors name the path.
   static File open(const std::string& path);
+  // Reads and checks the header only, as open() does; a tensor's bytes are read from the file
+  // when read_f32() or read_bytes() asks for them, so that a model's shard of many GB is never
+  // read whole for the one layer wanted. bytes() is not available on such a File.
+  static File open_header(const std::string& path);
   // Parses bytes already in memory; source_name stands for them in error messages.
   static File parse(std::vector<std::byte> bytes, std::string source_name);
 
@@ -69,8 +74,12 @@ class File {
   const std::map<std::string, std::string>& metadata() const;
 
   // The tensor's raw little-endian bytes; a view into this File, valid while it lives.
-  // `info` must come from this File (an Internal error if its range is out of bounds).
+  // `info` must come from this File (an Internal error if its range is out of bounds, or if
+  // the File was opened with open_header()).
   std::span<const std::byte> bytes(const TensorInfo& info) const;
+  // The same bytes, copied: from memory, or read from the file for open_header()'s File (a
+  // file that shrank since it was opened is a bad-input error naming it).
+  std::vector<std::byte> read_bytes(const TensorInfo& info) const;
   // The tensor's values as fp32: F32, BF16 and F16 convert exactly (every bf16 and fp16
   // value is an fp32 value); any other element type is a bad-input error.
   std::vector<float> read_f32(const TensorInfo& info) const;
@@ -86,6 +95,8 @@ class File {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_by_name_;  // into tensors_
   std::map<std::string, std::string> metadata_;
+  std::shared_ptr<const int> header_only_fd_;  // open_header(): the descriptor the data is read through
+  std::uint64_t header_only_file_bytes_ = 0;
 };
 
 struct TensorToWrite {

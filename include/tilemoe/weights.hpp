@@ -3,12 +3,15 @@
 // so that a row-times-matrix product walks memory in order. The values are exactly the
 // stored ones (bf16 weights are widened, never re-rounded).
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
 #include "tilemoe/config.hpp"
 
 namespace tilemoe {
+
+struct SharedExpert;  // shared_expert.hpp
 
 struct ExpertWeights {
   std::int64_t num_experts = 0, hidden = 0, ffn_hidden = 0;
@@ -17,6 +20,10 @@ struct ExpertWeights {
   std::vector<float> w1t;  // [E][hidden][ffn]  gate (SwiGLU) or the only input matrix (GELU)
   std::vector<float> w3t;  // [E][hidden][ffn]  up (SwiGLU only; empty for GELU)
   std::vector<float> w2t;  // [E][ffn][hidden]  down
+  // The layer's shared expert, when it has one (DeepSeek, Qwen2-MoE, Llama-4): every token's
+  // output adds it on the token's own rank (shared_expert.hpp). Carried with the routed experts
+  // so that every executor and reference that is given the layer's weights computes it.
+  std::shared_ptr<const SharedExpert> shared;
 
   const float* gate(std::int64_t e) const { return w1t.data() + e * hidden * ffn_hidden; }
   const float* up(std::int64_t e) const { return w3t.data() + e * hidden * ffn_hidden; }

@@ -8,6 +8,7 @@
 
 #include "expert_math.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/shared_expert.hpp"
 
 namespace tilemoe {
 
@@ -98,6 +99,7 @@ std::vector<Matrix> dense_reference(const EpWorld& world, const std::vector<Matr
         store_row(dtype, acc.data(), static_cast<std::size_t>(h), out.row(t));
       }
     });
+    if (weights.shared) add_shared_expert(*weights.shared, in, out);
     outputs.push_back(std::move(out));
   }
   return outputs;
@@ -152,6 +154,7 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
       std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
       for (std::int64_t t = first; t < end; ++t) token_rows(t, g, u, y);
     });
+    if (weights.shared) add_shared_expert_fp64(*weights.shared, in, out);
     outputs.push_back(std::move(out));
   }
   return outputs;

@@ -407,17 +407,20 @@ std::uint64_t checked_header_length(std::span<const std::byte> prefix, std::uint
   return header_bytes;
 }
 
-// Reads exactly `out.size()` bytes at the descriptor's position.
-void read_exactly(int fd, std::span<std::byte> out, const std::string& path, std::uint64_t file_bytes) {
+// Reads exactly `out.size()` bytes at `offset` of a file that was `file_bytes` long when opened;
+// `what` names what is read in the messages ("" for the file itself).
+void read_exactly(int fd, std::span<std::byte> out, std::uint64_t offset, const std::string& path, std::uint64_t file_bytes,
+                  const std::string& what = {}) {
   std::size_t filled = 0;
   while (filled < out.size()) {
-    const ssize_t got = ::read(fd, out.data() + filled, out.size() - filled);
+    const ssize_t got = ::pread(fd, out.data() + filled, out.size() - filled, static_cast<off_t>(offset + filled));
     if (got < 0) {
       if (errno == EINTR) continue;
-      throw_bad_input(path + ": cannot read: " + errno_text(errno));
+      throw_bad_input(path + ": cannot read" + what + ": " + errno_text(errno));
     }
     if (got == 0) {
-      throw_bad_input(path + ": file shrank while being read (it was " + std::to_string(file_bytes) + " bytes)");
+      throw_bad_input(path + ": file shrank while being read (it was " + std::to_string(file_bytes) + " bytes)" +
+                      (what.empty() ? "" : ";" + what + " cannot be read"));
     }
     filled += static_cast<std::size_t>(got);
   }
@@ -467,42 +470,46 @@ std::int64_t TensorInfo::elements() const {
   return *count;
 }
 
-File File::open(const std::string& path) {
+File File::open_header(const std::string& path) {
   // O_NONBLOCK so that a FIFO at the path is refused below instead of blocking here;
   // it changes nothing for a regular file.
   const int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (raw_fd < 0) throw_bad_input(path + ": cannot open: " + errno_text(errno));
-  FileDescriptor fd(raw_fd);
+  auto fd = std::shared_ptr<const int>(new int(raw_fd), [](const int* owned) {
+    ::close(*owned);
+    delete owned;
+  });
   struct stat status {};
-  if (::fstat(fd.get(), &status) != 0) {
-    throw_bad_input(path + ": cannot stat: " + errno_text(errno));
-  }
+  if (::fstat(*fd, &status) != 0) throw_bad_input(path + ": cannot stat: " + errno_text(errno));
   if (!S_ISREG(status.st_mode)) throw_bad_input(path + ": is not a regular file");
-
-  // The header first, checked whole against the file's size, before the data section is read:
-  // a huge file with a small valid header used to be read into memory entirely first.
   const auto file_bytes = static_cast<std::uint64_t>(status.st_size);
   std::array<std::byte, kLengthPrefixBytes> prefix{};
-  read_exactly(fd.get(), std::span<std::byte>(prefix).first(static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, kLengthPrefixBytes))),
-               path, file_bytes);
+  read_exactly(*fd, std::span<std::byte>(prefix).first(static_cast<std::size_t>(std::min<std::uint64_t>(file_bytes, kLengthPrefixBytes))),
+               0, path, file_bytes);
   const std::uint64_t header_bytes = checked_header_length(prefix, file_bytes, path);
   File file;
   file.source_name_ = path;
   file.data_start_ = kLengthPrefixBytes + static_cast<std::size_t>(header_bytes);
-  std::vector<std::byte> header(static_cast<std::size_t>(header_bytes));
-  read_exactly(fd.get(), header, path, file_bytes);
-  const std::string_view header_text(reinterpret_cast<const char*>(header.data()), header.size());
-  HeaderParser(file.source_name_, file_bytes - file.data_start_).parse(header_text, file.tensors_, file.metadata_);
+  std::string header(static_cast<std::size_t>(header_bytes), '\0');
+  read_exactly(*fd, std::as_writable_bytes(std::span<char>(header)), kLengthPrefixBytes, path, file_bytes);
+  HeaderParser(file.source_name_, file_bytes - file.data_start_).parse(header, file.tensors_, file.metadata_);
   for (std::size_t i = 0; i < file.tensors_.size(); ++i) file.index_by_name_.emplace(file.tensors_[i].name, i);
+  file.header_only_fd_ = std::move(fd);
+  file.header_only_file_bytes_ = file_bytes;
+  return file;
+}
 
+File File::open(const std::string& path) {
+  // The header first, checked whole against the file's size, before the data section is read:
+  // a huge file with a small valid header used to be read into memory entirely first.
+  File file = open_header(path);
   // Only now, with every tensor's range checked and nothing after the last, the data. The
   // prefix and header stay in front of it so that offsets match File::parse's layout.
+  const std::uint64_t file_bytes = file.header_only_file_bytes_;
   if (file_bytes > std::numeric_limits<std::size_t>::max()) throw_bad_input(path + ": file is too large to read");
   file.file_bytes_.resize(static_cast<std::size_t>(file_bytes));
-  std::copy(prefix.begin(), prefix.end(), file.file_bytes_.begin());
-  std::copy(header.begin(), header.end(), file.file_bytes_.begin() + kLengthPrefixBytes);
-  header = {};
-  read_exactly(fd.get(), std::span<std::byte>(file.file_bytes_).subspan(file.data_start_), path, file_bytes);
+  read_exactly(*file.header_only_fd_, file.file_bytes_, 0, path, file_bytes);
+  file.header_only_fd_.reset();
   return file;
 }
 
@@ -542,6 +549,7 @@ const TensorInfo& File::get(std::string_view name) const {
 const std::map<std::string, std::string>& File::metadata() const { return metadata_; }
 
 std::span<const std::byte> File::bytes(const TensorInfo& info) const {
+  if (header_only_fd_) throw_internal(source_name_ + ": opened with open_header(): read its tensors with read_bytes() or read_f32()");
   const std::size_t data_bytes = file_bytes_.size() - data_start_;
   if (info.begin > info.end || info.end > data_bytes) {
     throw_internal(source_name_ + ": tensor " + json_quoted(info.name) + ": byte range [" +
@@ -554,8 +562,26 @@ std::span<const std::byte> File::bytes(const TensorInfo& info) const {
                static_cast<std::size_t>(info.end - info.begin));
 }
 
+std::vector<std::byte> File::read_bytes(const TensorInfo& info) const {
+  if (!header_only_fd_) {
+    const std::span<const std::byte> held = bytes(info);
+    return {held.begin(), held.end()};
+  }
+  const std::uint64_t data_bytes = header_only_file_bytes_ - data_start_;
+  if (info.begin > info.end || info.end > data_bytes) {
+    throw_internal(source_name_ + ": tensor " + json_quoted(info.name) + ": byte range [" + std::to_string(info.begin) + ", " +
+                   std::to_string(info.end) + ") is outside the data section of " + std::to_string(data_bytes) +
+                   " bytes; the TensorInfo is not from this file");
+  }
+  std::vector<std::byte> out(static_cast<std::size_t>(info.end - info.begin));
+  read_exactly(*header_only_fd_, out, data_start_ + info.begin, source_name_, header_only_file_bytes_, " tensor " + json_quoted(info.name));
+  return out;
+}
+
 std::vector<float> File::read_f32(const TensorInfo& info) const {
-  const std::span<const std::byte> raw = bytes(info);
+  std::vector<std::byte> read;  // holds the bytes of an open_header() File
+  if (header_only_fd_) read = read_bytes(info);
+  const std::span<const std::byte> raw = header_only_fd_ ? std::span<const std::byte>(read) : bytes(info);
   const std::size_t size = element_size(info.type);
   const auto count = static_cast<std::size_t>(info.elements());
   if (raw.size() != count * size) {

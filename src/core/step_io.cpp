@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "expert_tensor_name.hpp"
+#include "layer_tensors.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/safetensors.hpp"
 
@@ -22,74 +22,20 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   return text + "]";
 }
 
-std::string quoted(std::string_view name) { return safetensors::printable_name(name); }
-
 const safetensors::TensorInfo& matrix(const safetensors::File& file, const std::string& name) {
   const safetensors::TensorInfo& info = file.get(name);
   if (info.shape.size() != 2) {
-    throw_bad_input(file.source_name() + ": tensor " + quoted(name) + " has shape " + shape_text(info.shape) + ", expected a matrix");
+    throw_bad_input(file.source_name() + ": tensor " + safetensors::printable_name(name) + " has shape " + shape_text(info.shape) +
+                    ", expected a matrix");
   }
   return info;
 }
 
-// A matrix's values as the layer will hold them (rounded to its storage dtype), refused when
-// one is NaN or infinite: such a value poisons every output it reaches the same way in every
-// strategy, so the run would fail its checks for a reason that is the file's, not tilemoe's.
-std::vector<float> read_finite(const safetensors::File& file, const safetensors::TensorInfo& info, DType dtype) {
-  std::vector<float> values = file.read_f32(info);
-  const std::int64_t cols = info.shape.size() == 2 ? info.shape[1] : 1;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const float stored = round_to(dtype, values[i]);
-    if (std::isfinite(stored)) continue;
-    const auto row = static_cast<std::int64_t>(i) / cols, col = static_cast<std::int64_t>(i) % cols;
-    std::string what = std::isnan(values[i])   ? std::string("NaN")
-                       : std::isinf(values[i]) ? std::string("infinite")
-                                               : std::to_string(values[i]) + ", beyond the largest " +
-                                                     std::string(dtype_name(dtype)) + " (it would become infinite; use --dtype fp32 or scale it down)";
-    throw_bad_input(file.source_name() + ": tensor " + quoted(info.name) + " element [" + std::to_string(row) + ", " +
-                    std::to_string(col) + "] is " + what + "; every value must be finite");
-  }
-  return values;
-}
-
-struct ExpertNames {
-  std::string prefix;
-  std::map<std::int64_t, std::map<std::string, std::string>> by_expert;  // e -> {"w1": name, ...}
-};
-
-ExpertNames find_expert_tensors(const safetensors::File& file) {
-  ExpertNames names;
-  std::set<std::string> prefixes;
-  std::vector<std::pair<ExpertTensorName, std::string>> found;  // and the tensor's name
-  for (const auto& info : file.tensors()) {
-    std::optional<ExpertTensorName> parsed = parse_expert_tensor_name(info.name);
-    if (!parsed) continue;
-    prefixes.insert(parsed->prefix);
-    found.emplace_back(std::move(*parsed), info.name);
-  }
-  if (prefixes.empty()) {
-    throw_bad_input(file.source_name() + ": no expert weights found; expected tensors named like "
-                    "'model.layers.0.block_sparse_moe.experts.0.w1.weight'");
-  }
-  if (prefixes.size() > 1) {
-    throw_bad_input(file.source_name() + ": expert weights of " + std::to_string(prefixes.size()) +
-                    " layers (e.g. " + quoted(*prefixes.begin()) + " and " + quoted(*prefixes.rbegin()) +
-                    "); save one layer's experts per file");
-  }
-  names.prefix = *prefixes.begin();
-  for (const auto& [parsed, name] : found) {
-    auto [held, added] = names.by_expert[parsed.expert].emplace(parsed.part, name);
-    if (!added) {  // e.g. both "experts.3.w1.weight" and "experts.3.gate_proj.weight"
-      throw_bad_input(file.source_name() + ": " + quoted(held->second) + " and " + quoted(name) + " both name expert " +
-                      std::to_string(parsed.expert) + "'s " + parsed.part + " matrix; keep one");
-    }
-  }
-  std::int64_t expected = 0;
-  for (const auto& [e, parts] : names.by_expert) {
-    if (e != expected) throw_bad_input(file.source_name() + ": expert " + std::to_string(expected) + " is missing");
-    ++expected;
-  }
-  return names;
+// The one layer a weights file holds, its header read, its tensors on demand.
+LayerTensors weights_file(const std::string& path) {
+  std::vector<safetensors::File> files;
+  files.push_back(safetensors::File::open_header(path));
+  return LayerTensors(std::move(files), path, std::nullopt);
 }
 
 }  // namespace
@@ -111,76 +57,12 @@ StepInputs load_step_inputs(const std::string& path, DType dtype) {
   return step;
 }
 
-WeightsShape inspect_weights(const std::string& path) {
-  const safetensors::File file = safetensors::File::open(path);
-  const ExpertNames names = find_expert_tensors(file);
-  const auto& parts = names.by_expert.begin()->second;
-  if (!parts.count("w1") || !parts.count("w2")) throw_bad_input(path + ": expert 0 lacks w1 or w2");
-  const auto& w1 = matrix(file, parts.at("w1"));
-  return WeightsShape{static_cast<std::int64_t>(names.by_expert.size()), w1.shape[1], w1.shape[0]};
-}
+WeightsShape inspect_weights(const std::string& path) { return weights_file(path).shape(); }
 
-ExpertWeights load_weights(const std::string& path, const MoeConfig& config) {
-  const safetensors::File file = safetensors::File::open(path);
-  const ExpertNames names = find_expert_tensors(file);
-  if (static_cast<std::int64_t>(names.by_expert.size()) != config.num_experts) {
-    throw_bad_input(path + ": holds " + std::to_string(names.by_expert.size()) + " experts, the layer has " +
-                    std::to_string(config.num_experts));
-  }
-  const bool swiglu = config.activation == Activation::SwiGLU;
-  ExpertWeights weights = empty_weights(config);
-  for (const auto& expert : names.by_expert) {
-    // named copies, not structured bindings: clang before 16 cannot capture those in a lambda
-    const std::int64_t e = expert.first;
-    const auto& parts = expert.second;
-    auto load = [&](const char* which, std::int64_t rows, std::int64_t cols) -> std::vector<float> {
-      auto it = parts.find(which);
-      if (it == parts.end()) {
-        throw_bad_input(path + ": expert " + std::to_string(e) + " has no " + which + " weight" +
-                        (std::string(which) == "w3" ? " (SwiGLU needs it; use --activation gelu for a w1/w2 expert)" : ""));
-      }
-      const auto& info = matrix(file, it->second);
-      if (info.shape[0] != rows || info.shape[1] != cols) {
-        throw_bad_input(path + ": " + quoted(it->second) + " has shape " + shape_text(info.shape) + ", the layer needs [" +
-                        std::to_string(rows) + ", " + std::to_string(cols) + "]");
-      }
-      return read_finite(file, info, config.dtype);
-    };
-    const std::vector<float> w1 = load("w1", config.ffn_hidden, config.hidden);
-    const std::vector<float> w3 = swiglu ? load("w3", config.ffn_hidden, config.hidden) : std::vector<float>{};
-    const std::vector<float> w2 = load("w2", config.hidden, config.ffn_hidden);
-    set_expert(weights, e, w1, w3, w2);
-  }
-  return weights;
-}
+ExpertWeights load_weights(const std::string& path, const MoeConfig& config) { return weights_file(path).experts(config); }
 
 RouterTensors load_router_tensors(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype) {
-  const safetensors::File file = safetensors::File::open(path);
-  const std::string prefix = find_expert_tensors(file).prefix;
-  RouterTensors router;
-  const std::string gate = prefix + "gate.weight";
-  if (file.find(gate) != nullptr) {
-    const auto& info = matrix(file, gate);
-    if (info.shape[0] != experts || info.shape[1] != hidden) {
-      throw_bad_input(path + ": " + quoted(gate) + " has shape " + shape_text(info.shape) + ", the router needs [experts = " +
-                      std::to_string(experts) + ", hidden = " + std::to_string(hidden) + "]");
-    }
-    router.gate = read_finite(file, info, dtype);
-  }
-  const std::string bias = prefix + "gate.e_score_correction_bias";
-  if (const safetensors::TensorInfo* info = file.find(bias); info != nullptr) {
-    if (info->shape.size() != 1 || info->shape[0] != experts) {
-      throw_bad_input(path + ": " + quoted(bias) + " has shape " + shape_text(info->shape) + ", the router needs one value per expert: [" +
-                      std::to_string(experts) + "]");
-    }
-    router.selection_bias = file.read_f32(*info);
-    for (std::size_t e = 0; e < router.selection_bias.size(); ++e) {
-      if (!std::isfinite(router.selection_bias[e])) {
-        throw_bad_input(path + ": " + quoted(bias) + " element [" + std::to_string(e) + "] is not finite; every value must be");
-      }
-    }
-  }
-  return router;
+  return weights_file(path).router(experts, hidden, dtype);
 }
 
 std::vector<Matrix> split_by_rank(const Matrix& all, const std::vector<std::int64_t>& tokens_per_rank) {

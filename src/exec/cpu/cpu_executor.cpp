@@ -13,6 +13,7 @@
 #include "comm/cpu/shm_transport.hpp"
 #include "core/expert_math.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/shared_expert.hpp"
 
 namespace tilemoe {
 
@@ -36,7 +37,7 @@ class StepRunner {
  public:
   StepRunner(const std::vector<StepPlan>& plans, const ExpertWeights& weights, const std::vector<Matrix>& inputs,
              const CpuRunOptions& options)
-      : plans_(plans), weights_(weights), options_(options),
+      : plans_(plans), weights_(weights), inputs_(inputs), options_(options),
         transport_(static_cast<int>(plans.size()), wait_bound(options.timeout)), claims_(plans.size() * 2) {
     check_inputs(inputs);
     if (!std::isfinite(options.link_gbps) || options.link_gbps < 0.0) {
@@ -90,6 +91,9 @@ class StepRunner {
       const StepPlan& p = plans_[static_cast<std::size_t>(r)];
       Matrix out(p.dtype, p.tokens, p.hidden);
       if (!out.data.empty()) std::memcpy(out.data.data(), buffer(r, BufferId::Output), out.data.size());
+      // The shared expert is the layer's arithmetic, not a schedule: no plan has a stage for it
+      // yet, so it runs here, after the plan, on the rank's own tokens.
+      if (weights_.shared) add_shared_expert(*weights_.shared, inputs_[static_cast<std::size_t>(r)], out);
       result.outputs.push_back(std::move(out));
     }
     return result;
@@ -98,6 +102,7 @@ class StepRunner {
  private:
   const std::vector<StepPlan>& plans_;
   const ExpertWeights& weights_;
+  const std::vector<Matrix>& inputs_;
   const CpuRunOptions& options_;
   cpu::ShmTransport transport_;
   int handle_[kBufferCount] = {};
