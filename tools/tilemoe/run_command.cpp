@@ -119,6 +119,9 @@ CudaStepOptions cuda_step_options(const RunOptions& options) {
 // routing the GPU chose (across backends the criterion is bf16 tolerance, not bitwise).
 int run_cuda(const RunOptions& options, const PreparedStep& step) {
 #ifdef TILEMOE_WITH_CUDA
+  if (step.weights.shared) {
+    throw_bad_input("this layer has a shared expert, which the CUDA backend does not run yet: use --backend cpu");
+  }
   const CudaStepOptions cuda_options = cuda_step_options(options);
   const CudaStepOutput gpu = run_cuda_step(step, cuda_options);
   // The CPU executor and fp64 on the routing the GPU chose, on the tokens the work bound affords:

@@ -6,6 +6,7 @@
 #include "progress.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/memory_estimate.hpp"
+#include "tilemoe/model_dir.hpp"
 #include "tilemoe/routing.hpp"
 #include "tilemoe/step_io.hpp"
 
@@ -30,23 +31,29 @@ void StepOptions::add_to(CLI::App& app) {
   hidden_option = app.add_option("--hidden", hidden, "model width (multiple of 8)")->capture_default_str();
   ffn_option = app.add_option("--ffn-hidden", ffn_hidden, "expert inner width (multiple of 8)")->capture_default_str();
   experts_option = app.add_option("--experts", experts, "number of experts E (divisible by --ranks)")->capture_default_str();
-  app.add_option("--top-k", top_k, "experts per token")->capture_default_str();
-  app.add_option("--activation", activation, "swiglu or gelu")->capture_default_str();
-  app.add_flag("--renormalize", renormalize, "divide the k chosen weights by their sum (plus --renormalize-epsilon)");
-  app.add_option("--score-function", score_function, "router scores: softmax, sigmoid, sqrt-softplus or logits")->capture_default_str();
-  app.add_option("--expert-groups", expert_groups, "group-limited routing: experts in this many equal groups (1 = none)")->capture_default_str();
-  app.add_option("--top-groups", top_groups, "group-limited routing: the experts of this many best groups may be chosen")->capture_default_str();
-  app.add_option("--router-weights", router_weights, "the chosen experts' weights: scores or softmax-of-selected")->capture_default_str();
-  app.add_option("--renormalize-epsilon", renormalize_epsilon, "added to the weights' sum when renormalising")->capture_default_str();
-  app.add_option("--routed-scaling", routed_scaling, "every routed weight is multiplied by this last")->capture_default_str();
-  app.add_option("--router-logits-dtype", router_logits_dtype,
-                 "when the logits come from the weights file's gate: the dtype they are rounded to, bf16 or fp32 (default: --dtype)");
+  layer_options = {
+      hidden_option, ffn_option, experts_option,
+      app.add_option("--top-k", top_k, "experts per token")->capture_default_str(),
+      app.add_option("--activation", activation, "swiglu or gelu")->capture_default_str(),
+      app.add_flag("--renormalize", renormalize, "divide the k chosen weights by their sum (plus --renormalize-epsilon)"),
+      app.add_option("--score-function", score_function, "router scores: softmax, sigmoid, sqrt-softplus or logits")->capture_default_str(),
+      app.add_option("--expert-groups", expert_groups, "group-limited routing: experts in this many equal groups (1 = none)")->capture_default_str(),
+      app.add_option("--top-groups", top_groups, "group-limited routing: the experts of this many best groups may be chosen")->capture_default_str(),
+      app.add_option("--router-weights", router_weights, "the chosen experts' weights: scores or softmax-of-selected")->capture_default_str(),
+      app.add_option("--renormalize-epsilon", renormalize_epsilon, "added to the weights' sum when renormalising")->capture_default_str(),
+      app.add_option("--routed-scaling", routed_scaling, "every routed weight is multiplied by this last")->capture_default_str(),
+      app.add_option("--router-logits-dtype", router_logits_dtype,
+                     "when the logits come from the weights file's gate: the dtype they are rounded to, bf16 or fp32 (default: --dtype)")};
   app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
-  app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32)")->capture_default_str();
+  dtype_option = app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32; with --model: the model's)")->capture_default_str();
   app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
   app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str()->check(kNotNegative);
   app.add_option("--inputs", inputs_path, "safetensors file with 'input' [T, hidden] and 'router_logits' [T, E]");
   app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight or gate_proj/down_proj/up_proj (Hugging Face names)");
+  app.add_option("--model", model_path,
+                 "a Hugging Face model directory (config.json and safetensors shards) of Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V3: "
+                 "the layer, its router, experts and shared expert come from it (with --layer)");
+  app.add_option("--layer", model_layer, "with --model: the index of the MoE layer to run");
   app.add_option("--tile-m", plan.tile_m, "GEMM tile rows")->capture_default_str();
   app.add_option("--tile-n", plan.tile_n, "GEMM tile columns")->capture_default_str();
   app.add_option("--compute-workers", plan.compute_workers, "compute workers per rank")->capture_default_str();
@@ -105,6 +112,17 @@ void take_from_file(CLI::Option* option, std::int64_t& value, std::string& set_b
   }
   value = from_file;
   set_by = file;
+}
+
+// --model gives the layer: the options that would describe it too are refused, not overridden.
+void check_model_options(const StepOptions& o) {
+  if (o.model_layer < 0) throw_bad_input("--model " + o.model_path + ": give --layer N, the index of the MoE layer to run");
+  if (!o.weights_path.empty()) throw_bad_input("--weights and --model both give the layer's weights: give one");
+  for (const CLI::Option* option : o.layer_options) {
+    if (option != nullptr && option->count() > 0) {
+      throw_bad_input(option->get_name() + " describes the layer, which --model's config.json gives: drop " + option->get_name());
+    }
+  }
 }
 
 }  // namespace
@@ -174,6 +192,25 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
                     memory_text(limit.bytes) + "): they cannot be read");
   }
   std::string hidden_from, ffn_from, experts_from;  // the file that set each dimension, if one did
+  // --model: the layer is the one config.json describes; the tensors are read once it fits
+  std::optional<ModelDirectory> model;
+  std::optional<ModelLayer> model_layer;
+  if (!o.model_path.empty()) {
+    check_model_options(o);
+    model.emplace(ModelDirectory::open(o.model_path));
+    model_layer = model->layer(o.model_layer, o.dtype_option != nullptr && o.dtype_option->count() > 0
+                                                  ? std::optional<DType>(parse_dtype(o.dtype))
+                                                  : std::nullopt);
+    const MoeConfig& m = model_layer->layer;
+    o.hidden = m.hidden;
+    o.ffn_hidden = m.ffn_hidden;
+    o.experts = m.num_experts;
+    o.top_k = m.top_k;
+    o.dtype = dtype_name(m.dtype);
+    hidden_from = ffn_from = experts_from = o.model_path + "'s config.json";
+  } else if (o.model_layer >= 0) {
+    throw_bad_input("--layer " + std::to_string(o.model_layer) + " chooses a layer of a --model directory: give --model too");
+  }
   if (!o.inputs_path.empty()) {
     loaded = load_step_inputs(o.inputs_path, parse_dtype(o.dtype));
     take_from_file(o.hidden_option, o.hidden, hidden_from, loaded.input.cols, "hidden", o.inputs_path);
@@ -186,14 +223,24 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
     take_from_file(o.experts_option, o.experts, experts_from, shape.num_experts, "experts", o.weights_path);
   }
   step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
+  if (model_layer) step.world.layer = model_layer->layer;  // its routing rule too, which no option gives here
   const MoeConfig& layer = step.world.layer;
   if (check_world) check_world(step.world);
   StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, true, o.cpu_engine};
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
 
-  // the router's tensors of the weights file, read once for the logits and the routing below
-  RouterTensors router =
-      o.weights_path.empty() ? RouterTensors{} : load_router_tensors(o.weights_path, layer.num_experts, layer.hidden, layer.dtype);
+  // the router's tensors (and a model's experts), read once for the logits and the routing below
+  ModelLayerWeights model_weights;
+  if (model) model_weights = model->load(*model_layer);
+  RouterTensors router = model ? std::move(model_weights.router)
+                         : o.weights_path.empty() ? RouterTensors{}
+                                                  : load_router_tensors(o.weights_path, layer.num_experts, layer.hidden, layer.dtype);
+  // the dtype of the gate's stored values: the GPU's router holds a bf16 gate, so it is handed
+  // one only when that is exact; otherwise the GPU takes the logits computed here
+  const DType gate_dtype = model ? model_layer->gate_dtype : layer.dtype;
+  const DType logits_dtype = model ? model_layer->router_logits_dtype
+                             : o.router_logits_dtype.empty() ? layer.dtype
+                                                             : parse_dtype(o.router_logits_dtype);
   std::vector<std::vector<float>> logits;
   if (!o.inputs_path.empty()) {
     ProgressBar bar("splitting inputs");
@@ -205,19 +252,29 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
                         (o.weights_path.empty() ? std::string("no --weights file gives") : o.weights_path + " has no") +
                         " the router's '<prefix>gate.weight': give one of them");
       }
-      const DType logits_dtype = o.router_logits_dtype.empty() ? layer.dtype : parse_dtype(o.router_logits_dtype);
       loaded.logits = router_logits(loaded.input, router.gate, layer.num_experts, logits_dtype);
-      step.source += ", logits from the gate of " + o.weights_path + " (" + std::string(dtype_name(logits_dtype)) + ")";
-      step.router_gate = std::move(router.gate);
-      step.router_logits_dtype = logits_dtype;
+      step.source += ", logits from the gate of " + (model ? o.model_path : o.weights_path) + " (" + std::string(dtype_name(logits_dtype)) + ")";
+      if (gate_dtype == DType::BF16) {
+        step.router_gate = router.gate;
+        step.router_logits_dtype = logits_dtype;
+      }
     }
     logits = split_logits_by_rank(loaded.logits, layer.num_experts, step.world.tokens_per_rank);
   } else {
     ProgressBar bar("drawing inputs");
     SyntheticStep synthetic = synthetic_step(step.world, parse_routing_pattern(o.routing), o.seed);
     step.inputs = std::move(synthetic.inputs);
-    logits = std::move(synthetic.logits);
-    step.source = "synthetic " + o.routing + " routing, seed " + std::to_string(o.seed);
+    if (model) {  // a model routes by its own gate, whatever --routing says
+      for (const Matrix& rank_inputs : step.inputs) logits.push_back(router_logits(rank_inputs, router.gate, layer.num_experts, logits_dtype));
+      step.source = "synthetic inputs, seed " + std::to_string(o.seed) + ", logits from the gate of " + o.model_path;
+      if (gate_dtype == DType::BF16) {
+        step.router_gate = router.gate;
+        step.router_logits_dtype = logits_dtype;
+      }
+    } else {
+      logits = std::move(synthetic.logits);
+      step.source = "synthetic " + o.routing + " routing, seed " + std::to_string(o.seed);
+    }
   }
   {
     ProgressBar bar("routing");
@@ -227,8 +284,11 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   step.logits = std::move(logits);
   memory.routing = &step.routing;
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
-  ProgressBar bar(o.weights_path.empty() ? "drawing weights" : "reading weights");
-  if (!o.weights_path.empty()) {
+  ProgressBar bar(o.weights_path.empty() && !model ? "drawing weights" : "reading weights");
+  if (model) {
+    step.weights = std::move(model_weights.experts);
+    step.source += ", layer " + std::to_string(o.model_layer) + " of " + o.model_path + " (" + model_layer->model_type + ")";
+  } else if (!o.weights_path.empty()) {
     step.weights = load_weights(o.weights_path, layer);
     step.source += ", weights from " + o.weights_path;
   } else {

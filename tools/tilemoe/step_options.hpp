@@ -38,6 +38,8 @@ struct StepOptions {
   std::string routing = "balanced";
   std::uint64_t seed = 1;
   std::string inputs_path, weights_path;
+  std::string model_path;          // --model: a Hugging Face model directory
+  std::int64_t model_layer = -1;   // --layer: which of its layers
   PlanOptions plan;
   std::string max_memory;  // --max-memory; empty: the memory this machine has available
   int strategies = 1;      // how many strategies the command runs one after another (memory estimate)
@@ -47,6 +49,9 @@ struct StepOptions {
   CLI::Option* hidden_option = nullptr;
   CLI::Option* ffn_option = nullptr;
   CLI::Option* experts_option = nullptr;
+  CLI::Option* dtype_option = nullptr;
+  // the options that describe the layer, which a --model's config.json gives instead
+  std::vector<CLI::Option*> layer_options;
 
   void add_to(CLI::App& app);
 };
@@ -62,7 +67,7 @@ struct PreparedStep {
   // projects them itself.
   std::vector<float> router_gate;
   DType router_logits_dtype = DType::F32;
-  ExpertWeights weights;
+  ExpertWeights weights;  // with the shared expert of a --model layer that has one
   std::string source;  // what the data is, for the report
 };
 
