@@ -8,12 +8,12 @@
 // (transformers' modules are the reference; NOTES.md names the ones matched):
 //   mixtral      "model.layers.N.block_sparse_moe.": num_local_experts, num_experts_per_tok,
 //                intermediate_size; softmax top-k, always renormalised; every layer is MoE
-//   qwen2_moe    "model.layers.N.mlp.": num_experts, num_experts_per_tok, moe_intermediate_size,
+//   qwen2_moe    "model.layers.N.mlp.": num_experts (or num_local_experts), num_experts_per_tok, moe_intermediate_size,
 //                norm_topk_prob; a shared expert of shared_expert_intermediate_size gated by
 //                sigmoid(shared_expert_gate(x)); MoE where N is not in mlp_only_layers and
 //                (N + 1) % decoder_sparse_step == 0
 //   qwen3_moe    as qwen2_moe, without the shared expert
-//   deepseek_v3  "model.layers.N.mlp.": n_routed_experts, num_experts_per_tok,
+//   deepseek_v3  "model.layers.N.mlp.": n_routed_experts (or num_local_experts), num_experts_per_tok,
 //                moe_intermediate_size; sigmoid scores, e_score_correction_bias, n_group /
 //                topk_group, norm_topk_prob (epsilon 1e-20), routed_scaling_factor, the gate
 //                kept and applied in fp32; n_shared_experts shared experts; MoE from layer

@@ -3,7 +3,8 @@
 # from the binaries built here (scripts/device/pack.sh puts them in build/device-bin, which the
 # call carries), and leaves everything under $OUT: log.txt (all output), gpu.txt,
 # bench.json, ep_bench.json, ts_bench.json, traces.tgz (the Perfetto traces), torch.json, and with the step
-# transformers (not in the default list) transformers.json. Usage: scripts/device/run.sh [step ...] (default: all steps).
+# transformers (not in the default list) transformers.json; model-fixtures (not in the default list either) checks
+# tests/fixtures/models against this machine's transformers. Usage: scripts/device/run.sh [step ...] (default: all steps).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0  # never NVLink multicast on shared machines
 export TILEMOE_CACHE_DIR=${TILEMOE_CACHE_DIR:-$OUT/cache}  # the GPU rates of the SM split, calibrated once per call
@@ -271,6 +272,14 @@ for step in "${steps[@]}"; do
       # script here (a TERM still writes the summary)
       run_step transformers env PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 240 python3 scripts/device/transformers_check.py \
         --tilemoe "$bin/tilemoe" --json "$out/transformers.json" ;;
+    model-fixtures)  # the checked-in model fixtures (tests/fixtures/models) rerun by this machine's transformers,
+      # so that they cannot go stale; then the mixtral and qwen3 ones through the GPU's router (no shared expert)
+      run_step model-fixtures env PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 120 python3 scripts/make_model_fixtures.py \
+        --check tests/fixtures/models
+      for fixture in mixtral_fp32:1 mixtral_bf16_sharded:2 qwen3_moe_bf16_fused:0; do
+        run_step "model-gpu-${fixture%%:*}" timeout 60 "$bin/tilemoe" run --backend cuda --ranks 2 --model "tests/fixtures/models/${fixture%%:*}" \
+          --layer "${fixture##*:}" --inputs "tests/fixtures/models/${fixture%%:*}/block_case.safetensors"
+      done ;;
     targets)  # the target cases, PyTorch then tilemoe in one call (then DeepSeek-V3 16384, which a cut call lost)
       run_step torch-targets env PYTHONUNBUFFERED=1 timeout 200 python3 bench/torch_reference.py "${target_cases[@]}" \
         --case deepseek-v3:16384 --json "$out/torch_targets.json"

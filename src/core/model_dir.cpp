@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -52,6 +53,16 @@ class ConfigFields {
 
   bool has(const char* key) const { return json_.contains(key) && !json_.at(key).is_null(); }
 
+  // The first of `keys` present: checkpoints of one family spell a field differently across
+  // transformers versions (Qwen3-MoE's "num_experts" is "num_local_experts" in 5.x's own saves).
+  std::int64_t positive_of(std::initializer_list<const char*> keys) const {
+    for (const char* key : keys) {
+      if (has(key)) return positive(key);
+    }
+    std::string names;
+    for (const char* key : keys) names += (names.empty() ? "\"" : " nor \"") + std::string(key) + "\"";
+    throw_bad_input(file_ + ": has neither " + names);
+  }
   std::int64_t positive(const char* key) const {
     const Json& value = required(key);
     if (!value.is_number_integer() || value.get<std::int64_t>() <= 0) fail(key, "a positive integer", value);
@@ -191,7 +202,7 @@ ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype)
     is_moe = [](std::int64_t) { return true; };
   } else if (model_type_ == "qwen2_moe" || model_type_ == "qwen3_moe") {
     out.prefix = layer_text + "mlp.";
-    layer.num_experts = c.positive("num_experts");
+    layer.num_experts = c.positive_of({"num_experts", "num_local_experts"});
     layer.ffn_hidden = c.positive("moe_intermediate_size");
     layer.renormalize = c.boolean("norm_topk_prob", false);
     const std::int64_t step = std::max<std::int64_t>(1, c.non_negative("decoder_sparse_step", 1));
@@ -203,7 +214,7 @@ ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype)
     }
   } else {  // deepseek_v3
     out.prefix = layer_text + "mlp.";
-    layer.num_experts = c.positive("n_routed_experts");
+    layer.num_experts = c.positive_of({"n_routed_experts", "num_local_experts"});
     layer.ffn_hidden = c.positive("moe_intermediate_size");
     layer.renormalize = c.boolean("norm_topk_prob", true);
     layer.router.score = ScoreFunction::Sigmoid;
