@@ -160,6 +160,29 @@ TEST(SafetensorsElementType, NamesAndSizesFollowTheSpec) {
   }
 }
 
+TEST(SafetensorsHeaderOnly, ReadsEachTensorOnDemandAsOpenDoes) {
+  TemporaryDirectory dir;
+  const std::string path = dir.file("model.safetensors");
+  const SampleTensors sample;
+  st::write(path, sample.tensors, sample.metadata);
+  const st::File whole = st::File::open(path);
+  const st::File lazy = st::File::open_header(path);
+  EXPECT_EQ(lazy.metadata(), sample.metadata);
+  ASSERT_EQ(lazy.tensors().size(), whole.tensors().size());
+  for (const st::TensorInfo& info : whole.tensors()) {
+    const std::span<const std::byte> held = whole.bytes(info);
+    EXPECT_EQ(lazy.read_bytes(lazy.get(info.name)), std::vector<std::byte>(held.begin(), held.end())) << info.name;
+  }
+  const std::vector<float> w2 = lazy.read_f32(lazy.get("experts.0.w2"));
+  EXPECT_EQ(w2, whole.read_f32(whole.get("experts.0.w2")));
+  // no view into data it does not hold
+  EXPECT_THROW(lazy.bytes(lazy.get("experts.0.w1")), tilemoe::Error);
+
+  // a file cut short after its header was read: the tensor past the end is a bad-input error
+  fs::resize_file(path, fs::file_size(path) - 4);
+  EXPECT_TRUE(throws_bad_input([&] { lazy.read_f32(lazy.get("scale")); }, {path, "file shrank", "\"scale\""}));
+}
+
 TEST(SafetensorsRoundTrip, F32Bf16ZeroRowsScalarAndMetadata) {
   TemporaryDirectory dir;
   const std::string path = dir.file("model.safetensors");
