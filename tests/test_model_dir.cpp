@@ -158,6 +158,7 @@ TEST_F(ModelCli, BadModelOptionsAreRefusedSayingWhatToChange) {
       {"run --model " + deepseek + " --layer 2 --score-function softmax", "--score-function describes the layer"},
       {"run --model " + deepseek + " --layer 2 --weights " + deepseek + "/model.safetensors", "give one"},
       {"run --model " + path("nowhere") + " --layer 0", "is not a directory"},
+      {"run --model " + deepseek + " --layer 2 --routing skewed", "drop --routing"},
   };
   for (const Refusal& refusal : refusals) {
     SCOPED_TRACE(refusal.args);

@@ -46,7 +46,7 @@ void StepOptions::add_to(CLI::App& app) {
                      "when the logits come from the weights file's gate: the dtype they are rounded to, bf16 or fp32 (default: --dtype)")};
   app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
   dtype_option = app.add_option("--dtype", dtype, "storage dtype: bf16 or fp32 (accumulation is always fp32; with --model: the model's)")->capture_default_str();
-  app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
+  routing_option = app.add_option("--routing", routing, "synthetic routing: balanced, skewed or one-expert")->capture_default_str();
   app.add_option("--seed", seed, "seed of the synthetic inputs, logits and weights")->capture_default_str()->check(kNotNegative);
   app.add_option("--inputs", inputs_path, "safetensors file with 'input' [T, hidden] and 'router_logits' [T, E]");
   app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight or gate_proj/down_proj/up_proj (Hugging Face names)");
@@ -118,6 +118,9 @@ void take_from_file(CLI::Option* option, std::int64_t& value, std::string& set_b
 void check_model_options(const StepOptions& o) {
   if (o.model_layer < 0) throw_bad_input("--model " + o.model_path + ": give --layer N, the index of the MoE layer to run");
   if (!o.weights_path.empty()) throw_bad_input("--weights and --model both give the layer's weights: give one");
+  if (o.routing_option != nullptr && o.routing_option->count() > 0) {
+    throw_bad_input("--routing draws synthetic logits, but a --model routes by its own gate: drop --routing");
+  }
   for (const CLI::Option* option : o.layer_options) {
     if (option != nullptr && option->count() > 0) {
       throw_bad_input(option->get_name() + " describes the layer, which --model's config.json gives: drop " + option->get_name());
@@ -241,6 +244,11 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   const DType logits_dtype = model ? model_layer->router_logits_dtype
                              : o.router_logits_dtype.empty() ? layer.dtype
                                                              : parse_dtype(o.router_logits_dtype);
+  const auto hand_gate_to_gpu = [&] {
+    if (gate_dtype != DType::BF16) return;
+    step.router_gate = router.gate;
+    step.router_logits_dtype = logits_dtype;
+  };
   std::vector<std::vector<float>> logits;
   if (!o.inputs_path.empty()) {
     ProgressBar bar("splitting inputs");
@@ -254,10 +262,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
       }
       loaded.logits = router_logits(loaded.input, router.gate, layer.num_experts, logits_dtype);
       step.source += ", logits from the gate of " + (model ? o.model_path : o.weights_path) + " (" + std::string(dtype_name(logits_dtype)) + ")";
-      if (gate_dtype == DType::BF16) {
-        step.router_gate = router.gate;
-        step.router_logits_dtype = logits_dtype;
-      }
+      hand_gate_to_gpu();
     }
     logits = split_logits_by_rank(loaded.logits, layer.num_experts, step.world.tokens_per_rank);
   } else {
@@ -267,10 +272,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
     if (model) {  // a model routes by its own gate, whatever --routing says
       for (const Matrix& rank_inputs : step.inputs) logits.push_back(router_logits(rank_inputs, router.gate, layer.num_experts, logits_dtype));
       step.source = "synthetic inputs, seed " + std::to_string(o.seed) + ", logits from the gate of " + o.model_path;
-      if (gate_dtype == DType::BF16) {
-        step.router_gate = router.gate;
-        step.router_logits_dtype = logits_dtype;
-      }
+      hand_gate_to_gpu();
     } else {
       logits = std::move(synthetic.logits);
       step.source = "synthetic " + o.routing + " routing, seed " + std::to_string(o.seed);

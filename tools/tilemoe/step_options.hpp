@@ -50,6 +50,7 @@ struct StepOptions {
   CLI::Option* ffn_option = nullptr;
   CLI::Option* experts_option = nullptr;
   CLI::Option* dtype_option = nullptr;
+  CLI::Option* routing_option = nullptr;
   // the options that describe the layer, which a --model's config.json gives instead
   std::vector<CLI::Option*> layer_options;
 
