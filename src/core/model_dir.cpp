@@ -193,7 +193,6 @@ ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype)
   out.router_logits_dtype = layer.dtype;
   const std::string layer_text = "model.layers." + std::to_string(index) + ".";
   std::function<bool(std::int64_t)> is_moe;
-  std::string moe_rule;
   if (model_type_ == "mixtral") {
     out.prefix = layer_text + "block_sparse_moe.";
     layer.num_experts = c.positive("num_local_experts");
