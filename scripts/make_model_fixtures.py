@@ -56,7 +56,18 @@ CASES = {
                                                                n_shared_experts=1, routed_scaling_factor=2.5, q_lora_rank=None,
                                                                kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
                                                                **common()), torch.bfloat16, 1, {}),
+    "gpt_oss_fp32": (lambda: transformers.GptOssConfig(intermediate_size=16, num_local_experts=8, num_experts_per_tok=2, head_dim=16,
+                                                       **common()), torch.float32, 1, {}),
+    "gpt_oss_bf16": (lambda: transformers.GptOssConfig(intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+                                                       **common()), torch.bfloat16, 0, {}),
 }
+
+# GPT-OSS's gate and up clamp at 7: its gate_up_proj is drawn this much larger, so that some do
+GPT_OSS_GATE_UP_SCALE = 4.0
+
+
+def router_of(block):
+    return block.gate if hasattr(block, "gate") else block.router
 
 
 def moe_block(model, layer):
@@ -66,9 +77,12 @@ def moe_block(model, layer):
 
 def margins_ok(block, x):
     """Per token: is its choice of experts clear by MARGIN (groups included)?"""
-    gate = block.gate
+    gate = router_of(block)
     with torch.no_grad():
-        if hasattr(gate, "e_score_correction_bias"):  # DeepSeek-V3
+        if hasattr(block, "router"):  # GPT-OSS: top-k of the logits themselves
+            choice = torch.nn.functional.linear(x, gate.weight, gate.bias).float()
+            ok = torch.ones(x.shape[0], dtype=torch.bool)
+        elif hasattr(gate, "e_score_correction_bias"):  # DeepSeek-V3
             logits = torch.nn.functional.linear(x.float(), gate.weight.float())
             choice = logits.sigmoid() + gate.e_score_correction_bias
             groups = choice.view(x.shape[0], gate.num_group, -1)
@@ -87,9 +101,16 @@ def margins_ok(block, x):
         return ok & ((s[:, gate.top_k - 1] - s[:, gate.top_k]) > MARGIN)
 
 
+def run_block(block, x):
+    """The block's output for tokens x [T, hidden] (GPT-OSS's block returns its router scores too)."""
+    with torch.no_grad():
+        out = block(x.unsqueeze(0))
+    return (out[0] if isinstance(out, tuple) else out).reshape(x.shape[0], -1)
+
+
 def chosen_experts(block, x):
     with torch.no_grad():
-        out = block.gate(x)
+        out = router_of(block)(x)
     return out[2].to(torch.int32)
 
 
@@ -101,8 +122,9 @@ def make_case(name, out_dir):
     block = moe_block(model, layer)
     with torch.no_grad():  # weights of unit scale, so that the outputs are O(1) and routing is not flat
         for param_name, param in block.named_parameters():
-            param.copy_(torch.randn_like(param, dtype=torch.float32).to(param.dtype) * param.shape[-1] ** -0.5)
-        if hasattr(block.gate, "e_score_correction_bias"):
+            scale = GPT_OSS_GATE_UP_SCALE if param_name == "experts.gate_up_proj" and hasattr(block, "router") else 1.0
+            param.copy_(torch.randn_like(param, dtype=torch.float32).to(param.dtype) * param.shape[-1] ** -0.5 * scale)
+        if hasattr(block, "gate") and hasattr(block.gate, "e_score_correction_bias"):
             block.gate.e_score_correction_bias.copy_(torch.randn_like(block.gate.e_score_correction_bias) * 0.1)
     x = torch.randn(TOKENS, config.hidden_size).to(dtype)
     for _ in range(100):
@@ -112,11 +134,11 @@ def make_case(name, out_dir):
         x[bad] = torch.randn(int(bad.sum()), config.hidden_size).to(dtype)
     else:
         raise SystemExit(f"{name}: could not draw inputs without near ties")
-    with torch.no_grad():
-        expected = block(x.unsqueeze(0)).reshape(TOKENS, -1)
+    expected = run_block(block, x)
     case_dir = os.path.join(out_dir, name)
     model.save_pretrained(case_dir, **save_options)
-    os.remove(os.path.join(case_dir, "generation_config.json"))
+    if os.path.exists(os.path.join(case_dir, "generation_config.json")):
+        os.remove(os.path.join(case_dir, "generation_config.json"))
     save_file({"input": x.contiguous(), "expected": expected.contiguous(), "experts": chosen_experts(block, x).contiguous()},
               os.path.join(case_dir, "block_case.safetensors"), metadata={"layer": str(layer), "transformers": transformers.__version__})
 
@@ -138,8 +160,7 @@ def main():
         model = transformers.AutoModelForCausalLM.from_pretrained(case_dir, dtype=dtype).eval()
         block = moe_block(model, layer)
         x = case["input"]
-        with torch.no_grad():
-            now = block(x.unsqueeze(0)).reshape(x.shape[0], -1).float()
+        now = run_block(block, x).float()
         scale = case["expected"].float().abs().max().item()
         diff = (case["expected"].float() - now).abs().max().item() / scale
         same_experts = torch.equal(case["experts"].sort(-1)[0], chosen_experts(block, x).sort(-1)[0])

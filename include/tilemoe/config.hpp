@@ -52,6 +52,18 @@ struct RouterConfig {
   }
 };
 
+// SwiGLU as GPT-OSS (and DeepSeek-V4) compute it: the gate clamped above at `limit`, the up
+// projection clamped to [-limit, limit], glu = gate * sigmoid(alpha * gate), then
+// (up + up_offset) * glu. The default (limit 0: no clamp, alpha 1, offset 0) is plain SwiGLU,
+// computed as silu(gate) * up exactly as before.
+struct SwigluVariant {
+  float limit = 0.0f;  // 0: no clamp
+  float alpha = 1.0f;
+  float up_offset = 0.0f;
+  bool is_default() const { return limit == 0.0f && alpha == 1.0f && up_offset == 0.0f; }
+  bool operator==(const SwigluVariant&) const = default;
+};
+
 // The most experts a layer may have: far above any published model, low enough that a count
 // past it is a typo (and that an expert index from a file fits in 7 decimal digits).
 constexpr std::int64_t kMaxExperts = std::int64_t{1} << 20;
@@ -67,6 +79,7 @@ struct MoeConfig {
   std::int64_t num_experts = 0;   // E
   std::int64_t top_k = 0;         // experts per token, 1..E
   Activation activation = Activation::SwiGLU;
+  SwigluVariant swiglu;           // GPT-OSS's clamped SwiGLU; plain by default
   bool renormalize = false;       // divide the k selected weights by their sum
   RouterConfig router;            // the scores, groups and weights (Mixtral's by default)
   // 0 = dropless. Otherwise each rank keeps, for each expert, at most

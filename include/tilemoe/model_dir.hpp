@@ -18,6 +18,10 @@
 //                topk_group, norm_topk_prob (epsilon 1e-20), routed_scaling_factor, the gate
 //                kept and applied in fp32; n_shared_experts shared experts; MoE from layer
 //                first_k_dense_replace on
+//   gpt_oss      "model.layers.N.mlp.": num_local_experts, num_experts_per_tok, intermediate_size;
+//                the router "router." with its bias, top-k of the logits, a softmax over the k
+//                chosen; experts with biases in GPT-OSS's interleaved gate_up_proj, the SwiGLU
+//                clamped at swiglu_limit with swiglu_alpha and (up + 1); every layer is MoE
 // Every other model_type is refused naming the families read.
 #include <cstdint>
 #include <map>
@@ -39,6 +43,8 @@ struct ModelLayer {
   DType gate_dtype = DType::BF16;         // the router gate's stored values (DeepSeek keeps fp32)
   DType router_logits_dtype = DType::BF16;  // what the gate's product is rounded to
   std::string prefix;                     // of the block's tensors, e.g. "model.layers.3.mlp."
+  std::string router_module = "gate.";    // the router's, after the prefix (GPT-OSS: "router.")
+  bool interleaved_experts = false;       // GPT-OSS's fused, interleaved gate_up_proj with biases
   std::int64_t shared_ffn_hidden = 0;     // the shared expert's width; 0: none
   bool shared_gated = false;              // scaled by sigmoid(x . shared_expert_gate)
 };

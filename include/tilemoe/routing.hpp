@@ -41,8 +41,10 @@ struct Routing {
 // The router's projection: logits[t][e] = sum over h ascending of input[t][h] * gate[e][h] in
 // fp32, then rounded to `logits_dtype` (the model's: Mixtral and Qwen compute their gate in the
 // model dtype, DeepSeek-V3 in fp32). `gate` is [experts][input.cols] row-major, as Hugging Face
-// stores `gate.weight`.
-std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype);
+// stores `gate.weight`. `gate_bias`, when given (GPT-OSS's `router.bias`), one value per expert, is
+// added to each sum before the rounding.
+std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype,
+                                 std::span<const float> gate_bias = {});
 
 // What every router takes of the model's router tensors, checked alike on every backend (bad
 // input otherwise): a gate of experts x hidden finite values; a selection bias empty or of one

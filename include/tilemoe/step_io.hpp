@@ -45,6 +45,7 @@ ExpertWeights load_weights(const std::string& path, const MoeConfig& config);
 struct RouterTensors {
   std::vector<float> gate;
   std::vector<float> selection_bias;
+  std::vector<float> gate_bias;  // the projection's own bias (GPT-OSS's router.bias), added to the logits
 };
 RouterTensors load_router_tensors(const std::string& path, std::int64_t experts, std::int64_t hidden, DType dtype);
 

@@ -112,6 +112,13 @@ void validate(const MoeConfig& config) {
                     std::to_string(static_cast<int>(kMaxCapacityFactor)) +
                     ": a factor of num_experts / top_k already drops nothing; use 0 for dropless");
   }
+  const SwigluVariant& v = config.swiglu;
+  if (!v.is_default()) {
+    if (config.activation != Activation::SwiGLU) throw_bad_input("a clamped SwiGLU needs the swiglu activation, not gelu");
+    if (!std::isfinite(v.limit) || v.limit < 0.0f) throw_bad_input("swiglu limit = " + number_text(v.limit) + " must be 0 (none) or positive");
+    if (!std::isfinite(v.alpha) || v.alpha <= 0.0f) throw_bad_input("swiglu alpha = " + number_text(v.alpha) + " must be positive and finite");
+    if (!std::isfinite(v.up_offset)) throw_bad_input("swiglu up offset = " + number_text(v.up_offset) + " must be finite");
+  }
   const RouterConfig& r = config.router;
   if (r.groups < 1 || config.num_experts % r.groups != 0) {
     throw_bad_input("router groups = " + std::to_string(r.groups) + " must divide num_experts = " +

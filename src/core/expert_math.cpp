@@ -1,5 +1,6 @@
 #include "expert_math.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -19,7 +20,22 @@ void row_times_matrix(const float* a, std::int64_t depth, const float* b, std::i
   }
 }
 
+// acc[n] += bias[n]: a bias joins the fp32 sum once it is complete, so tiling cannot change it
+void add_bias(const float* bias, std::int64_t width, float* acc) {
+  for (std::int64_t n = 0; n < width; ++n) acc[n] += bias[n];
+}
+
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// GPT-OSS's SwiGLU (config.hpp's SwigluVariant), in its operations' order
+float clamped_swiglu(const SwigluVariant& v, float gate, float up) {
+  if (v.limit > 0.0f) {
+    gate = std::min(gate, v.limit);
+    up = std::clamp(up, -v.limit, v.limit);
+  }
+  const float glu = gate * (1.0f / (1.0f + std::exp(-(v.alpha * gate))));
+  return (up + v.up_offset) * glu;
+}
 float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
 }  // namespace
@@ -32,9 +48,15 @@ void gemm0_rows(const ExpertWeights& w, std::int64_t expert, const float* x, std
     const float* xi = x + i * w.hidden;
     float* oi = out + i * width;
     row_times_matrix(xi, w.hidden, w.gate(expert) + col_begin, w.ffn_hidden, width, oi);
+    if (w.has_biases()) add_bias(w.b1.data() + expert * w.ffn_hidden + col_begin, width, oi);
     if (w.activation == Activation::SwiGLU) {
       row_times_matrix(xi, w.hidden, w.up(expert) + col_begin, w.ffn_hidden, width, up.data());
-      for (std::int64_t n = 0; n < width; ++n) oi[n] = silu(oi[n]) * up[static_cast<std::size_t>(n)];
+      if (w.has_biases()) add_bias(w.b3.data() + expert * w.ffn_hidden + col_begin, width, up.data());
+      if (w.swiglu.is_default()) {
+        for (std::int64_t n = 0; n < width; ++n) oi[n] = silu(oi[n]) * up[static_cast<std::size_t>(n)];
+      } else {
+        for (std::int64_t n = 0; n < width; ++n) oi[n] = clamped_swiglu(w.swiglu, oi[n], up[static_cast<std::size_t>(n)]);
+      }
     } else {
       for (std::int64_t n = 0; n < width; ++n) oi[n] = gelu(oi[n]);
     }
@@ -46,6 +68,7 @@ void gemm1_rows(const ExpertWeights& w, std::int64_t expert, const float* a, std
   const std::int64_t width = col_end - col_begin;
   for (std::int64_t i = 0; i < rows; ++i) {
     row_times_matrix(a + i * w.ffn_hidden, w.ffn_hidden, w.down(expert) + col_begin, w.hidden, width, out + i * width);
+    if (w.has_biases()) add_bias(w.b2.data() + expert * w.hidden + col_begin, width, out + i * width);
   }
 }
 

@@ -21,7 +21,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr const char* kFamilies = "mixtral, qwen2_moe, qwen3_moe, deepseek_v3";
+constexpr const char* kFamilies = "mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss";
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
@@ -150,7 +150,7 @@ ModelDirectory ModelDirectory::open(const std::string& path) {
   const ConfigFields fields(config, config_path.string());
   model.model_type_ = fields.text("model_type", "");
   if (model.model_type_ != "mixtral" && model.model_type_ != "qwen2_moe" && model.model_type_ != "qwen3_moe" &&
-      model.model_type_ != "deepseek_v3") {
+      model.model_type_ != "deepseek_v3" && model.model_type_ != "gpt_oss") {
     throw_bad_input(config_path.string() + ": model_type \"" + model.model_type_ + "\" is not one tilemoe reads (" + kFamilies + ")");
   }
   model.layer_count_ = fields.positive("num_hidden_layers");
@@ -211,6 +211,18 @@ ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype)
       out.shared_ffn_hidden = c.non_negative("shared_expert_intermediate_size", 0);
       out.shared_gated = out.shared_ffn_hidden > 0;
     }
+  } else if (model_type_ == "gpt_oss") {
+    out.prefix = layer_text + "mlp.";
+    out.router_module = "router.";
+    out.interleaved_experts = true;
+    layer.num_experts = c.positive("num_local_experts");
+    layer.ffn_hidden = c.positive("intermediate_size");
+    layer.router.score = ScoreFunction::Logits;
+    layer.router.weights = RouterWeights::SoftmaxOfSelected;
+    layer.swiglu.limit = static_cast<float>(c.number("swiglu_limit", 7.0));
+    layer.swiglu.alpha = static_cast<float>(c.number("swiglu_alpha", 1.702));
+    layer.swiglu.up_offset = 1.0f;
+    is_moe = [](std::int64_t) { return true; };
   } else {  // deepseek_v3
     out.prefix = layer_text + "mlp.";
     layer.num_experts = c.positive_of({"n_routed_experts", "num_local_experts"});
@@ -252,7 +264,8 @@ ModelLayerWeights ModelDirectory::load(const ModelLayer& layer) const {
   }
   std::vector<safetensors::File> files;
   for (const std::string& shard : shards) files.push_back(safetensors::File::open_header(shard));
-  const LayerTensors tensors(std::move(files), path_, layer.prefix);
+  const LayerTensors tensors(std::move(files), path_, layer.prefix,
+                             layer.interleaved_experts ? FusedLayout::InterleavedColumns : FusedLayout::GateRowsThenUpRows);
   const MoeConfig& config = layer.layer;
   const WeightsShape shape = tensors.shape();
   if (shape.num_experts != config.num_experts || shape.hidden != config.hidden || shape.ffn_hidden != config.ffn_hidden) {
@@ -261,8 +274,8 @@ ModelLayerWeights ModelDirectory::load(const ModelLayer& layer) const {
                     std::to_string(config.num_experts) + " of hidden " + std::to_string(config.hidden) + ", ffn " +
                     std::to_string(config.ffn_hidden));
   }
-  ModelLayerWeights weights{tensors.experts(config), tensors.router(config.num_experts, config.hidden, layer.gate_dtype)};
-  if (weights.router.gate.empty()) throw_bad_input(path_ + ": layer " + std::to_string(layer.index) + " has no router gate " + layer.prefix + "gate.weight");
+  ModelLayerWeights weights{tensors.experts(config), tensors.router(config.num_experts, config.hidden, layer.gate_dtype, layer.router_module)};
+  if (weights.router.gate.empty()) throw_bad_input(path_ + ": layer " + std::to_string(layer.index) + " has no router gate " + layer.prefix + layer.router_module + "weight");
   if (layer.shared_ffn_hidden > 0) {
     const bool qwen = layer.model_type == "qwen2_moe";
     weights.experts.shared = std::make_shared<const SharedExpert>(tensors.shared_expert(

@@ -25,7 +25,7 @@ void check_step_shapes(const EpWorld& world, const std::vector<Matrix>& inputs, 
                     " inputs and " + std::to_string(routing.size()) + " routings");
   }
   if (weights.hidden != layer.hidden || weights.ffn_hidden != layer.ffn_hidden || weights.num_experts != layer.num_experts ||
-      weights.activation != layer.activation) {
+      weights.activation != layer.activation || weights.swiglu != layer.swiglu) {
     throw_bad_input("the expert weights are " + std::to_string(weights.num_experts) + " experts of hidden " +
                     std::to_string(weights.hidden) + ", ffn " + std::to_string(weights.ffn_hidden) + ", the layer has " +
                     std::to_string(layer.num_experts) + " of hidden " + std::to_string(layer.hidden) + ", ffn " +
@@ -67,6 +67,15 @@ void for_token_ranges(std::int64_t rows, Body&& body) {
     }
   }
   if (failure) std::rethrow_exception(failure);
+}
+
+// GPT-OSS's SwiGLU (config.hpp) in fp64
+double clamped_swiglu_fp64(const SwigluVariant& v, double gate, double up) {
+  if (v.limit > 0.0f) {
+    gate = std::min(gate, double(v.limit));
+    up = std::clamp(up, -double(v.limit), double(v.limit));
+  }
+  return (up + v.up_offset) * gate / (1.0 + std::exp(-v.alpha * gate));
 }
 
 }  // namespace
@@ -111,6 +120,7 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
   check_step_shapes(world, inputs, routing, weights);
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
   const bool swiglu = weights.activation == Activation::SwiGLU;
+  const SwigluVariant& variant = weights.swiglu;
   std::vector<std::vector<double>> outputs;
   for (int rank = 0; rank < world.world_size(); ++rank) {
     const Matrix& in = inputs.at(static_cast<std::size_t>(rank));
@@ -137,11 +147,19 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
           }
         }
         for (std::int64_t n = 0; n < f; ++n) {
-          const double gn = g[static_cast<std::size_t>(n)];
-          g[static_cast<std::size_t>(n)] = swiglu ? gn / (1.0 + std::exp(-gn)) * u[static_cast<std::size_t>(n)]
-                                                  : 0.5 * gn * (1.0 + std::erf(gn / std::sqrt(2.0)));
+          double gn = g[static_cast<std::size_t>(n)], un = u[static_cast<std::size_t>(n)];
+          if (weights.has_biases()) {
+            gn += weights.b1[static_cast<std::size_t>(e * f + n)];
+            un += weights.b3[static_cast<std::size_t>(e * f + n)];
+          }
+          g[static_cast<std::size_t>(n)] = !swiglu ? 0.5 * gn * (1.0 + std::erf(gn / std::sqrt(2.0)))
+                                           : variant.is_default() ? gn / (1.0 + std::exp(-gn)) * un
+                                                                  : clamped_swiglu_fp64(variant, gn, un);
         }
         std::fill(y.begin(), y.end(), 0.0);
+        if (weights.has_biases()) {
+          for (std::int64_t c = 0; c < h; ++c) y[static_cast<std::size_t>(c)] = weights.b2[static_cast<std::size_t>(e * h + c)];
+        }
         for (std::int64_t n = 0; n < f; ++n) {
           const double a = g[static_cast<std::size_t>(n)];
           const float* down = weights.down(e) + n * h;

@@ -85,18 +85,27 @@ void check_router_gate(std::span<const float> gate, std::int64_t experts, std::i
   }
 }
 
-void check_selection_bias(std::span<const float> bias, std::int64_t experts) {
-  if (!bias.empty() && static_cast<std::int64_t>(bias.size()) != experts) {
-    throw_bad_input("the router's selection bias has " + std::to_string(bias.size()) + " values, one per expert is " +
+namespace {
+
+// empty, or one finite value per expert; `what` names the tensor
+void check_per_expert(std::span<const float> values, std::int64_t experts, const char* what) {
+  if (!values.empty() && static_cast<std::int64_t>(values.size()) != experts) {
+    throw_bad_input(std::string("the router's ") + what + " has " + std::to_string(values.size()) + " values, one per expert is " +
                     std::to_string(experts));
   }
-  for (std::size_t e = 0; e < bias.size(); ++e) {
-    if (!std::isfinite(bias[e])) throw_bad_input("the router's selection bias of expert " + std::to_string(e) + " is not finite");
+  for (std::size_t e = 0; e < values.size(); ++e) {
+    if (!std::isfinite(values[e])) throw_bad_input(std::string("the router's ") + what + " of expert " + std::to_string(e) + " is not finite");
   }
 }
 
-std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype) {
+}  // namespace
+
+void check_selection_bias(std::span<const float> bias, std::int64_t experts) { check_per_expert(bias, experts, "selection bias"); }
+
+std::vector<float> router_logits(const Matrix& input, std::span<const float> gate, std::int64_t experts, DType logits_dtype,
+                                 std::span<const float> gate_bias) {
   check_router_gate(gate, experts, input.cols);
+  check_per_expert(gate_bias, experts, "gate bias");
   const std::vector<float> x = input.to_floats();
   std::vector<float> logits(static_cast<std::size_t>(input.rows * experts));
   for (std::int64_t t = 0; t < input.rows; ++t) {
@@ -105,6 +114,7 @@ std::vector<float> router_logits(const Matrix& input, std::span<const float> gat
       const float* w = gate.data() + e * input.cols;
       float sum = 0.0f;
       for (std::int64_t h = 0; h < input.cols; ++h) sum += row[h] * w[h];
+      if (!gate_bias.empty()) sum += gate_bias[static_cast<std::size_t>(e)];
       logits[static_cast<std::size_t>(t * experts + e)] = round_to(logits_dtype, sum);
     }
   }

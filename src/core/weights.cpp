@@ -14,6 +14,7 @@ ExpertWeights empty_weights(const MoeConfig& config) {
   w.hidden = config.hidden;
   w.ffn_hidden = config.ffn_hidden;
   w.activation = config.activation;
+  w.swiglu = config.swiglu;
   w.dtype = config.dtype;
   const auto matrix = static_cast<std::size_t>(config.num_experts * config.hidden * config.ffn_hidden);
   w.w1t.resize(matrix);
@@ -43,6 +44,24 @@ void set_expert(ExpertWeights& weights, std::int64_t expert, std::span<const flo
   for (std::int64_t o = 0; o < h; ++o) {
     for (std::int64_t i = 0; i < f; ++i) down[i * h + o] = round_to(weights.dtype, w2[static_cast<std::size_t>(o * f + i)]);
   }
+}
+
+void set_expert_biases(ExpertWeights& weights, std::int64_t expert, std::span<const float> b1,
+                       std::span<const float> b3, std::span<const float> b2) {
+  const std::int64_t h = weights.hidden, f = weights.ffn_hidden;
+  if (static_cast<std::int64_t>(b1.size()) != f || static_cast<std::int64_t>(b3.size()) != f || static_cast<std::int64_t>(b2.size()) != h) {
+    throw_bad_input("expert " + std::to_string(expert) + ": biases must hold ffn, ffn and hidden values");
+  }
+  if (!weights.has_biases()) {
+    weights.b1.assign(static_cast<std::size_t>(weights.num_experts * f), 0.0f);
+    weights.b3.assign(static_cast<std::size_t>(weights.num_experts * f), 0.0f);
+    weights.b2.assign(static_cast<std::size_t>(weights.num_experts * h), 0.0f);
+  }
+  for (std::int64_t o = 0; o < f; ++o) {
+    weights.b1[static_cast<std::size_t>(expert * f + o)] = round_to(weights.dtype, b1[static_cast<std::size_t>(o)]);
+    weights.b3[static_cast<std::size_t>(expert * f + o)] = round_to(weights.dtype, b3[static_cast<std::size_t>(o)]);
+  }
+  for (std::int64_t o = 0; o < h; ++o) weights.b2[static_cast<std::size_t>(expert * h + o)] = round_to(weights.dtype, b2[static_cast<std::size_t>(o)]);
 }
 
 ExpertWeights random_weights(const MoeConfig& config, std::uint64_t seed) {

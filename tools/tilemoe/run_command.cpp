@@ -19,6 +19,7 @@
 #include "tilemoe/cpu_executor.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/reference.hpp"
+#include "tilemoe/shared_expert.hpp"
 #include "tilemoe/step_io.hpp"
 #include "tilemoe/step_trace.hpp"
 #include "tilemoe/token_sample.hpp"
@@ -336,6 +337,25 @@ int run(const RunOptions& options) {
                   std::string(score_function_name(r.score)).c_str(), std::string(router_weights_name(r.weights)).c_str(),
                   static_cast<long long>(r.groups), static_cast<long long>(r.top_groups), layer.renormalize ? "yes" : "no",
                   static_cast<double>(r.renormalize_epsilon), static_cast<double>(r.scaling));
+    }
+    const ExpertWeights& w = step.weights;
+    if (!layer.swiglu.is_default() || w.has_biases() || w.shared) {
+      const auto number_text = [](float value) {
+        char text[32];
+        std::snprintf(text, sizeof text, "%g", static_cast<double>(value));
+        return std::string(text);
+      };
+      std::string experts;
+      if (!layer.swiglu.is_default()) {
+        experts += "SwiGLU clamped at " + number_text(layer.swiglu.limit) + ", sigmoid(" + number_text(layer.swiglu.alpha) +
+                   " x gate), (up + " + number_text(layer.swiglu.up_offset) + ")";
+      }
+      if (w.has_biases()) experts += std::string(experts.empty() ? "" : "; ") + "biases";
+      if (w.shared) {
+        experts += std::string(experts.empty() ? "" : "; ") + "a shared expert of ffn " + std::to_string(w.shared->ffn.ffn_hidden) +
+                   (w.shared->gate.empty() ? "" : ", gated");
+      }
+      std::printf("experts: %s\n", experts.c_str());
     }
     std::printf("%-12s %10s %9s %9s %9s %14s %14s %8s\n", "strategy", "wall ms", "compute%", "comm%", "overlap%",
                 "max|err| dense", "rel err fp64", "bitwise");

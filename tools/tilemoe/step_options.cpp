@@ -238,14 +238,14 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   RouterTensors router = model ? std::move(model_weights.router)
                          : o.weights_path.empty() ? RouterTensors{}
                                                   : load_router_tensors(o.weights_path, layer.num_experts, layer.hidden, layer.dtype);
-  // the dtype of the gate's stored values: the GPU's router holds a bf16 gate, so it is handed
-  // one only when that is exact; otherwise the GPU takes the logits computed here
+  // the dtype of the gate's stored values: the GPU's router holds a bf16 gate without a bias, so
+  // it is handed one only when that is exact; otherwise the GPU takes the logits computed here
   const DType gate_dtype = model ? model_layer->gate_dtype : layer.dtype;
   const DType logits_dtype = model ? model_layer->router_logits_dtype
                              : o.router_logits_dtype.empty() ? layer.dtype
                                                              : parse_dtype(o.router_logits_dtype);
   const auto hand_gate_to_gpu = [&] {
-    if (gate_dtype != DType::BF16) return;
+    if (gate_dtype != DType::BF16 || !router.gate_bias.empty()) return;  // the GPU's projection has no bias
     step.router_gate = router.gate;
     step.router_logits_dtype = logits_dtype;
   };
@@ -260,7 +260,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
                         (o.weights_path.empty() ? std::string("no --weights file gives") : o.weights_path + " has no") +
                         " the router's '<prefix>gate.weight': give one of them");
       }
-      loaded.logits = router_logits(loaded.input, router.gate, layer.num_experts, logits_dtype);
+      loaded.logits = router_logits(loaded.input, router.gate, layer.num_experts, logits_dtype, router.gate_bias);
       step.source += ", logits from the gate of " + (model ? o.model_path : o.weights_path) + " (" + std::string(dtype_name(logits_dtype)) + ")";
       hand_gate_to_gpu();
     }
@@ -270,7 +270,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
     SyntheticStep synthetic = synthetic_step(step.world, parse_routing_pattern(o.routing), o.seed);
     step.inputs = std::move(synthetic.inputs);
     if (model) {  // a model routes by its own gate, whatever --routing says
-      for (const Matrix& rank_inputs : step.inputs) logits.push_back(router_logits(rank_inputs, router.gate, layer.num_experts, logits_dtype));
+      for (const Matrix& rank_inputs : step.inputs) logits.push_back(router_logits(rank_inputs, router.gate, layer.num_experts, logits_dtype, router.gate_bias));
       step.source = "synthetic inputs, seed " + std::to_string(o.seed) + ", logits from the gate of " + o.model_path;
       hand_gate_to_gpu();
     } else {
