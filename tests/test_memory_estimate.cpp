@@ -29,6 +29,18 @@ TEST(MemoryEstimate, CountsWeightsDataAndTheExecutorsBuffers) {
   EXPECT_GT(estimate_step_memory(in).results, after.results);
 }
 
+TEST(MemoryEstimate, CountsASharedExpertAndExpertBiases) {
+  const EpWorld world = tilemoe::testing::make_world({100, 100}, 64, 128, 4, 2);
+  StepMemoryInputs in;
+  in.world = &world;
+  const std::uint64_t routed = estimate_step_memory(in).weights;
+  in.shared_ffn_hidden = 256;
+  EXPECT_EQ(estimate_step_memory(in).weights, routed + 64u * 256 * 4 * 3 + 64u * 256 * 4);  // its three matrices, its gate bound
+  in.shared_ffn_hidden = 0;
+  in.expert_biases = true;
+  EXPECT_EQ(estimate_step_memory(in).weights, routed + 4u * (2 * 128 + 64) * 4);  // gate, up and down biases per expert
+}
+
 TEST(MemoryEstimate, AbsurdSizesSaturateInsteadOfWrapping) {
   EpWorld world = tilemoe::testing::make_world({std::numeric_limits<std::int64_t>::max() / 2}, 1 << 20, 1 << 20, 1 << 20, 8);
   StepMemoryInputs in;

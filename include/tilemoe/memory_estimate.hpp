@@ -32,6 +32,8 @@ struct StepMemoryInputs {
   // whether the CPU engine runs the whole step (its row buffers, plans and the dense
   // reference); false for the CUDA backend, whose host oracle runs on a bounded token sample
   bool cpu_engine = true;
+  std::int64_t shared_ffn_hidden = 0;  // the layer's shared expert's width (0: none), held as an expert's weights
+  bool expert_biases = false;          // the experts have biases (GPT-OSS)
 };
 StepMemory estimate_step_memory(const StepMemoryInputs& inputs);
 

@@ -61,7 +61,9 @@ StepMemory estimate_step_memory(const StepMemoryInputs& in) {
   // inputs in the storage dtype and as read (fp32), logits twice (read, split per rank),
   // routing (expert id, weight, kept flag per slot), the files as read
   m.data = add(add(mul(mul(tokens, h), element + 4), mul(mul(tokens, experts), 8)), add(mul(mul(tokens, k), 9), in.file_bytes));
-  m.weights = mul(mul(mul(experts, h), f), 4 * (layer.activation == Activation::SwiGLU ? 3 : 2));
+  const std::uint64_t matrices = layer.activation == Activation::SwiGLU ? 3 : 2;
+  m.weights = add(mul(mul(mul(experts, h), f), 4 * matrices), mul(mul(h, u(in.shared_ffn_hidden)), 4 * matrices + 4));
+  if (in.expert_biases) m.weights = add(m.weights, mul(mul(experts, add(mul(f, 2), h)), 4));
   m.references = add(in.cpu_engine ? mul(mul(tokens, h), element) : 0, in.fp64_reference ? mul(mul(tokens, h), 8) : 0);
   // per strategy: the output of every rank, and the plan's per-slot tables (source row, weight)
   m.results = mul(u(in.strategies), add(mul(mul(tokens, h), element), mul(mul(tokens, k), 12)));

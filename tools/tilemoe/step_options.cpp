@@ -230,6 +230,10 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   const MoeConfig& layer = step.world.layer;
   if (check_world) check_world(step.world);
   StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, true, o.cpu_engine};
+  if (model_layer) {
+    memory.shared_ffn_hidden = model_layer->shared_ffn_hidden;
+    memory.expert_biases = model_layer->interleaved_experts;
+  }
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
 
   // the router's tensors (and a model's experts), read once for the logits and the routing below
