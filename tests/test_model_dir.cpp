@@ -152,6 +152,15 @@ TEST_F(ModelCli, RunOnEveryFamilyGivesTransformersOutput) {
   }
 }
 
+TEST_F(ModelCli, SyntheticInputsAreRoutedByTheModelsGate) {
+  const std::string dir = (kFixtures / "deepseek_v3_fp32").string();
+  const tilemoe::testing::Result r = tilemoe("run --model " + dir + " --layer 1 --tokens 7 --ranks 2 --seed 5");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("logits from the gate of " + dir), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("experts: a shared expert of ffn 32"), std::string::npos) << r.out;  // 2 shared experts of 16
+  EXPECT_NE(r.out.find("sigmoid scores"), std::string::npos) << r.out;
+}
+
 TEST_F(ModelCli, BadModelOptionsAreRefusedSayingWhatToChange) {
   const std::string deepseek = (kFixtures / "deepseek_v3_fp32").string();
   struct Refusal {
