@@ -41,6 +41,8 @@ std::size_t element_size(ElementType type);
 // control characters (escape sequences) are escaped and invalid UTF-8 replaced, and cut to a
 // few hundred characters.
 std::string printable_name(std::string_view name);
+// A shape for a message: "[2, 3]".
+std::string shape_text(const std::vector<std::int64_t>& shape);
 
 struct TensorInfo {
   std::string name;

@@ -1,8 +1,5 @@
 #include "expert_math.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <vector>
 
 namespace tilemoe::math {
 
@@ -26,16 +23,6 @@ void add_bias(const float* bias, std::int64_t width, float* acc) {
 }
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
-// GPT-OSS's SwiGLU (config.hpp's SwigluVariant), in its operations' order
-float clamped_swiglu(const SwigluVariant& v, float gate, float up) {
-  if (v.limit > 0.0f) {
-    gate = std::min(gate, v.limit);
-    up = std::clamp(up, -v.limit, v.limit);
-  }
-  const float glu = gate * (1.0f / (1.0f + std::exp(-(v.alpha * gate))));
-  return (up + v.up_offset) * glu;
-}
 float gelu(float x) { return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f)); }
 
 }  // namespace
@@ -74,6 +61,40 @@ void gemm1_rows(const ExpertWeights& w, std::int64_t expert, const float* a, std
 
 void accumulate_slot(float weight, const float* y, std::int64_t count, float* acc) {
   for (std::int64_t c = 0; c < count; ++c) acc[c] += weight * y[c];
+}
+
+void expert_row_fp64(const ExpertWeights& w, std::int64_t expert, const float* x, std::vector<double>& g, std::vector<double>& u,
+                     std::vector<double>& y) {
+  const std::int64_t h = w.hidden, f = w.ffn_hidden;
+  const bool swiglu = w.activation == Activation::SwiGLU;
+  const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  std::fill(g.begin(), g.end(), 0.0);
+  std::fill(u.begin(), u.end(), 0.0);
+  for (std::int64_t i = 0; i < h; ++i) {  // the weights read along their rows (contiguous)
+    const double xi = x[i];
+    const float* gate = w.gate(expert) + i * f;
+    for (std::int64_t n = 0; n < f; ++n) g[at(n)] += xi * gate[n];
+    if (swiglu) {
+      const float* up = w.up(expert) + i * f;
+      for (std::int64_t n = 0; n < f; ++n) u[at(n)] += xi * up[n];
+    }
+  }
+  for (std::int64_t n = 0; n < f; ++n) {
+    double gn = g[at(n)], un = u[at(n)];
+    if (w.has_biases()) {
+      gn += w.b1[at(expert * f + n)];
+      un += w.b3[at(expert * f + n)];
+    }
+    g[at(n)] = !swiglu                ? 0.5 * gn * (1.0 + std::erf(gn / std::sqrt(2.0)))
+               : w.swiglu.is_default() ? gn / (1.0 + std::exp(-gn)) * un
+                                       : clamped_swiglu(w.swiglu, gn, un);
+  }
+  for (std::int64_t c = 0; c < h; ++c) y[at(c)] = w.has_biases() ? w.b2[at(expert * h + c)] : 0.0;
+  for (std::int64_t n = 0; n < f; ++n) {
+    const double a = g[at(n)];
+    const float* down = w.down(expert) + n * h;
+    for (std::int64_t c = 0; c < h; ++c) y[at(c)] += a * down[c];
+  }
 }
 
 }  // namespace tilemoe::math

@@ -13,12 +13,6 @@ namespace {
 
 constexpr std::string_view kFusedGateUp = "experts.gate_up_proj", kFusedDown = "experts.down_proj";
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 std::string quoted(std::string_view name) { return safetensors::printable_name(name); }
 
 }  // namespace
@@ -107,8 +101,8 @@ std::vector<float> LayerTensors::read(std::string_view name, const std::vector<s
                                       std::string_view needed_for) const {
   const Located& at = get(name);
   if (at.info->shape != shape) {
-    throw_bad_input(at.file->source_name() + ": " + quoted(name) + " has shape " + shape_text(at.info->shape) + ", " +
-                    std::string(needed_for) + " needs " + shape_text(shape));
+    throw_bad_input(at.file->source_name() + ": " + quoted(name) + " has shape " + safetensors::shape_text(at.info->shape) + ", " +
+                    std::string(needed_for) + " needs " + safetensors::shape_text(shape));
   }
   return read_finite(*at.file, *at.info, dtype);
 }
@@ -119,7 +113,7 @@ WeightsShape LayerTensors::shape() const {
     const bool interleaved = fused_layout_ == FusedLayout::InterleavedColumns;
     const std::size_t pair_dim = interleaved ? 2 : 1;
     if (gate_up.shape.size() != 3 || gate_up.shape[pair_dim] % 2 != 0) {
-      throw_bad_input(source_ + ": " + quoted(gate_up.name) + " has shape " + shape_text(gate_up.shape) + ", expected " +
+      throw_bad_input(source_ + ": " + quoted(gate_up.name) + " has shape " + safetensors::shape_text(gate_up.shape) + ", expected " +
                       (interleaved ? "[experts, hidden, 2 x ffn]" : "[experts, 2 x ffn, hidden]"));
     }
     return interleaved ? WeightsShape{gate_up.shape[0], gate_up.shape[1], gate_up.shape[2] / 2}
@@ -128,7 +122,7 @@ WeightsShape LayerTensors::shape() const {
   const auto& parts = by_expert_.begin()->second;
   if (!parts.count("w1") || !parts.count("w2")) throw_bad_input(source_ + ": expert 0 lacks w1 or w2");
   const safetensors::TensorInfo& w1 = *get(parts.at("w1")).info;
-  if (w1.shape.size() != 2) throw_bad_input(source_ + ": " + quoted(w1.name) + " has shape " + shape_text(w1.shape) + ", expected a matrix");
+  if (w1.shape.size() != 2) throw_bad_input(source_ + ": " + quoted(w1.name) + " has shape " + safetensors::shape_text(w1.shape) + ", expected a matrix");
   return WeightsShape{static_cast<std::int64_t>(by_expert_.size()), w1.shape[1], w1.shape[0]};
 }
 

@@ -69,15 +69,6 @@ void for_token_ranges(std::int64_t rows, Body&& body) {
   if (failure) std::rethrow_exception(failure);
 }
 
-// GPT-OSS's SwiGLU (config.hpp) in fp64
-double clamped_swiglu_fp64(const SwigluVariant& v, double gate, double up) {
-  if (v.limit > 0.0f) {
-    gate = std::min(gate, double(v.limit));
-    up = std::clamp(up, -double(v.limit), double(v.limit));
-  }
-  return (up + v.up_offset) * gate / (1.0 + std::exp(-v.alpha * gate));
-}
-
 }  // namespace
 
 std::vector<Matrix> dense_reference(const EpWorld& world, const std::vector<Matrix>& inputs,
@@ -119,8 +110,6 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
                                                 const ExpertWeights& weights) {
   check_step_shapes(world, inputs, routing, weights);
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
-  const bool swiglu = weights.activation == Activation::SwiGLU;
-  const SwigluVariant& variant = weights.swiglu;
   std::vector<std::vector<double>> outputs;
   for (int rank = 0; rank < world.world_size(); ++rank) {
     const Matrix& in = inputs.at(static_cast<std::size_t>(rank));
@@ -130,41 +119,10 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
     // One token's output rows: each sum runs over its index in increasing order (the order
     // that defines the reference), with the weights read along their rows (contiguous).
     const auto token_rows = [&](std::int64_t t, std::vector<double>& g, std::vector<double>& u, std::vector<double>& y) {
-      const float* xt = x.data() + t * h;
       for (std::int64_t j = 0; j < k; ++j) {
         const std::size_t s = r.slot(t, j);
         if (!r.kept[s]) continue;
-        const std::int64_t e = r.expert[s];
-        std::fill(g.begin(), g.end(), 0.0);
-        std::fill(u.begin(), u.end(), 0.0);
-        for (std::int64_t i = 0; i < h; ++i) {
-          const double xi = xt[i];
-          const float* gate = weights.gate(e) + i * f;
-          for (std::int64_t n = 0; n < f; ++n) g[static_cast<std::size_t>(n)] += xi * gate[n];
-          if (swiglu) {
-            const float* up = weights.up(e) + i * f;
-            for (std::int64_t n = 0; n < f; ++n) u[static_cast<std::size_t>(n)] += xi * up[n];
-          }
-        }
-        for (std::int64_t n = 0; n < f; ++n) {
-          double gn = g[static_cast<std::size_t>(n)], un = u[static_cast<std::size_t>(n)];
-          if (weights.has_biases()) {
-            gn += weights.b1[static_cast<std::size_t>(e * f + n)];
-            un += weights.b3[static_cast<std::size_t>(e * f + n)];
-          }
-          g[static_cast<std::size_t>(n)] = !swiglu ? 0.5 * gn * (1.0 + std::erf(gn / std::sqrt(2.0)))
-                                           : variant.is_default() ? gn / (1.0 + std::exp(-gn)) * un
-                                                                  : clamped_swiglu_fp64(variant, gn, un);
-        }
-        std::fill(y.begin(), y.end(), 0.0);
-        if (weights.has_biases()) {
-          for (std::int64_t c = 0; c < h; ++c) y[static_cast<std::size_t>(c)] = weights.b2[static_cast<std::size_t>(e * h + c)];
-        }
-        for (std::int64_t n = 0; n < f; ++n) {
-          const double a = g[static_cast<std::size_t>(n)];
-          const float* down = weights.down(e) + n * h;
-          for (std::int64_t c = 0; c < h; ++c) y[static_cast<std::size_t>(c)] += a * down[c];
-        }
+        math::expert_row_fp64(weights, r.expert[s], x.data() + t * h, g, u, y);
         for (std::int64_t c = 0; c < h; ++c) out[static_cast<std::size_t>(t * h + c)] += double(r.weight[s]) * y[static_cast<std::size_t>(c)];
       }
     };

@@ -92,15 +92,6 @@ std::string printable(std::string_view text) {
   return result;
 }
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += std::to_string(shape[i]);
-  }
-  return text + "]";
-}
-
 std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) {
   if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
   return a * b;
@@ -456,6 +447,15 @@ class FileDescriptor {
 }  // namespace
 
 std::string printable_name(std::string_view name) { return json_quoted(name); }
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string text = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
 
 std::string_view element_type_name(ElementType type) { return traits_of(type).name; }
 

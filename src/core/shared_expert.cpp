@@ -62,31 +62,19 @@ void add_shared_expert(const SharedExpert& shared, const Matrix& input, Matrix& 
 void add_shared_expert_fp64(const SharedExpert& shared, const Matrix& input, std::vector<double>& output) {
   const ExpertWeights& w = shared.ffn;
   const std::int64_t h = w.hidden, f = w.ffn_hidden;
-  const bool swiglu = w.activation == Activation::SwiGLU;
   if (input.cols != h || output.size() != static_cast<std::size_t>(input.rows * h)) throw_internal("add_shared_expert_fp64: shapes differ");
   const std::vector<float> x = input.to_floats();
-  std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f));
+  std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
   for (std::int64_t t = 0; t < input.rows; ++t) {
     const float* xt = x.data() + t * h;
-    std::fill(g.begin(), g.end(), 0.0);
-    std::fill(u.begin(), u.end(), 0.0);
-    for (std::int64_t i = 0; i < h; ++i) {
-      for (std::int64_t n = 0; n < f; ++n) {
-        g[static_cast<std::size_t>(n)] += double(xt[i]) * w.gate(0)[i * f + n];
-        if (swiglu) u[static_cast<std::size_t>(n)] += double(xt[i]) * w.up(0)[i * f + n];
-      }
-    }
+    math::expert_row_fp64(w, 0, xt, g, u, y);
     double scale = 1.0;
     if (!shared.gate.empty()) {
       double logit = 0.0;
       for (std::int64_t i = 0; i < h; ++i) logit += double(xt[i]) * shared.gate[static_cast<std::size_t>(i)];
       scale = 1.0 / (1.0 + std::exp(-logit));
     }
-    for (std::int64_t n = 0; n < f; ++n) {
-      const double gn = g[static_cast<std::size_t>(n)];
-      const double a = swiglu ? gn / (1.0 + std::exp(-gn)) * u[static_cast<std::size_t>(n)] : 0.5 * gn * (1.0 + std::erf(gn / std::sqrt(2.0)));
-      for (std::int64_t c = 0; c < h; ++c) output[static_cast<std::size_t>(t * h + c)] += scale * a * w.down(0)[n * h + c];
-    }
+    for (std::int64_t c = 0; c < h; ++c) output[static_cast<std::size_t>(t * h + c)] += scale * y[static_cast<std::size_t>(c)];
   }
 }
 

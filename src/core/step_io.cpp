@@ -16,16 +16,10 @@ namespace tilemoe {
 
 namespace {
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string text = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 const safetensors::TensorInfo& matrix(const safetensors::File& file, const std::string& name) {
   const safetensors::TensorInfo& info = file.get(name);
   if (info.shape.size() != 2) {
-    throw_bad_input(file.source_name() + ": tensor " + safetensors::printable_name(name) + " has shape " + shape_text(info.shape) +
+    throw_bad_input(file.source_name() + ": tensor " + safetensors::printable_name(name) + " has shape " + safetensors::shape_text(info.shape) +
                     ", expected a matrix");
   }
   return info;
