@@ -50,13 +50,14 @@ TEST(CpuExecutor, AllStrategiesEqualTheDenseReferenceBitwiseOverARandomSweep) {
     o.comm_workers = 1 + static_cast<int>(rng() % 2);
     o.tile_signal.bands_per_segment = 1 + static_cast<int>(rng() % 2);
     o.combine_tokens = 1 + static_cast<std::int64_t>(rng() % 16);
+    o.dispatch = (trial / 2) % 2 == 0 ? DispatchVolume::OncePerRank : DispatchVolume::RowPerExpert;
     CpuRunOptions run;
     run.max_delay_us = trial % 2 == 0 ? 200 : 0;  // shake the timing in half of the trials
     run.delay_seed = static_cast<std::uint64_t>(trial);
     for (Strategy s : kStrategies) {
       const std::string what = "trial " + std::to_string(trial) + " " + std::string(strategy_name(s)) + " W=" +
                                std::to_string(world_size) + " E=" + std::to_string(experts) + " k=" + std::to_string(k) +
-                               " " + std::string(routing_pattern_name(pattern));
+                               " " + std::string(routing_pattern_name(pattern)) + " " + std::string(dispatch_volume_name(o.dispatch));
       const auto plans = compile_plan(s, world, c.routing, o);
       validate_plan(plans);
       const StepRun result = run_step(plans, c.weights, c.inputs, run);

@@ -63,6 +63,7 @@ TEST(PlanTables, RandomCountsCompileToValidPlansWithinTheirRoom) {
     tiling.tile_n[0] = 1 + static_cast<std::int64_t>(rng() % 20);
     tiling.band_block[0] = 2 * static_cast<int>(rng() % 3);
     tiling.band_block[1] = 2 * static_cast<int>(rng() % 3);
+    tiling.dispatch = trial % 2 == 0 ? DispatchVolume::OncePerRank : DispatchVolume::RowPerExpert;
     ASSERT_NO_THROW(validate_plan(compile_sequential_at(w, step.routing, o, tiling))) << "trial " << trial;
   }
 }
@@ -227,8 +228,10 @@ TEST(PlanTables, LanesInAnyOrderWriteTheOnePlan) {
   const EpWorld w = tilemoe::testing::make_world({40, 23, 31}, 16, 40, 6, 2);
   const auto step = tilemoe::testing::make_case(w, RoutingPattern::Skewed, 5);
   const HostStepCounts c = routing_counts(step.routing, 6);
-  for (int rank = 0; rank < 3; ++rank) {
-    const SequentialShape shape = shape_of(rank, 40, 16, 40, 3, 7);
+  for (int trial = 0; trial < 6; ++trial) {  // each rank, with either dispatch
+    const int rank = trial % 3;
+    SequentialShape shape = shape_of(rank, 40, 16, 40, 3, 7);
+    shape.dispatch = trial < 3 ? DispatchVolume::RowPerExpert : DispatchVolume::OncePerRank;
     const PlanCapacity room = sequential_capacity(3, 2, c.view().expert_rows(rank), shape.tokens, shape);
     HostPlanTables one(room), lanes(room);
     compile_tables(c, shape, one);
@@ -238,7 +241,7 @@ TEST(PlanTables, LanesInAnyOrderWriteTheOnePlan) {
     copy_plan_tables(one.view(), a);
     copy_plan_tables(lanes.view(), b);
     EXPECT_GT(a.tiles.size(), 5u);
-    EXPECT_EQ(first_table_difference(a, b), "") << "rank " << rank;
+    EXPECT_EQ(first_table_difference(a, b), "") << "rank " << rank << " " << dispatch_volume_name(shape.dispatch);
   }
 }
 
@@ -260,11 +263,12 @@ TEST(PlanTables, TheExchangeRunsEitherPlansSegments) {
     PlanOptions o;
     o.tile_m = 1 + static_cast<std::int64_t>(rng() % 9);
     o.tile_n = 8;
+    o.dispatch = DispatchVolume::RowPerExpert;  // the device exchange's (it has no placement at the receiver yet)
     for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal}) {
       const std::vector<StepPlan> plans = compile_plan(strategy, w, step.routing, o);
       for (const StepPlan& p : plans) {
         SCOPED_TRACE("trial " + std::to_string(trial) + " " + std::string(strategy_name(strategy)) + " rank " + std::to_string(p.rank));
-        const int W = world, L = local, dispatch = dispatch_segment_count(W, L);
+        const int W = world, L = local, dispatch = dispatch_segment_count(W, L, o.dispatch);
         const int exchanged = strategy == Strategy::Sequential ? 2 * dispatch : dispatch;
         ASSERT_GE(static_cast<int>(p.segments.size()), exchanged);
         for (int j = 0; j < exchanged; ++j) {

@@ -40,10 +40,69 @@ TEST(Plans, CompiledPlansPassTheCheckerOverASweep) {
     PlanOptions o = options(1 + static_cast<std::int64_t>(rng() % 6), 8 * (1 + static_cast<std::int64_t>(rng() % 3)));
     o.tile_signal.bands_per_segment = 1 + static_cast<int>(rng() % 2);
     for (Strategy s : {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet}) {
-      SCOPED_TRACE("trial " + std::to_string(trial) + " " + std::string(strategy_name(s)));
-      const auto plans = compile_plan(s, world, c.routing, o);
-      ASSERT_EQ(plans.size(), static_cast<std::size_t>(world_size));
-      EXPECT_NO_THROW(validate_plan(plans));
+      for (DispatchVolume v : {DispatchVolume::OncePerRank, DispatchVolume::RowPerExpert}) {
+        SCOPED_TRACE("trial " + std::to_string(trial) + " " + std::string(strategy_name(s)) + " " + std::string(dispatch_volume_name(v)));
+        o.dispatch = v;
+        const auto plans = compile_plan(s, world, c.routing, o);
+        ASSERT_EQ(plans.size(), static_cast<std::size_t>(world_size));
+        EXPECT_NO_THROW(validate_plan(plans));
+      }
+    }
+  }
+}
+
+TEST(Plans, TheDispatchSendsEachTokenOnceToEachRankOfItsExperts) {
+  // 16 experts on 4 ranks, top-4: a token's experts often share a rank
+  EpWorld world = make_world({37, 23, 0, 41}, 32, 40, 16, 4);
+  for (const RoutingPattern pattern : {RoutingPattern::Balanced, RoutingPattern::Skewed}) {
+    for (const double capacity : {0.0, 0.75}) {
+      world.layer.capacity_factor = capacity;
+      const StepCase c = make_case(world, pattern, 21);
+      const int W = world.world_size();
+      const std::int64_t local = world.experts_per_rank(), row_bytes = world.layer.hidden * 2;
+      // counted from the routing alone: rows a rank puts on its links either way (dropped slots move nothing)
+      std::vector<std::int64_t> rows_per_expert(static_cast<std::size_t>(W)), rows_once(static_cast<std::size_t>(W));
+      for (int r = 0; r < W; ++r) {
+        const Routing& routing = c.routing[static_cast<std::size_t>(r)];
+        for (std::int64_t t = 0; t < routing.tokens; ++t) {
+          std::set<int> ranks;
+          for (std::int64_t j = 0; j < routing.top_k; ++j) {
+            const std::size_t s = routing.slot(t, j);
+            const int d = static_cast<int>(routing.expert[s] / local);
+            if (!routing.kept[s] || d == r) continue;
+            ++rows_per_expert[static_cast<std::size_t>(r)];
+            ranks.insert(d);
+          }
+          rows_once[static_cast<std::size_t>(r)] += static_cast<std::int64_t>(ranks.size());
+        }
+      }
+      for (Strategy s : {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet}) {
+        SCOPED_TRACE(std::string(strategy_name(s)) + " " + std::string(routing_pattern_name(pattern)) + " capacity " + std::to_string(capacity));
+        PlanOptions o = options();
+        o.dispatch = DispatchVolume::RowPerExpert;
+        const auto per_expert = compile_plan(s, world, c.routing, o);
+        o.dispatch = DispatchVolume::OncePerRank;
+        const auto once = compile_plan(s, world, c.routing, o);
+        ASSERT_NO_THROW(validate_plan(once));
+        std::int64_t saved = 0;
+        for (int r = 0; r < W; ++r) {
+          const StepPlan& p = once[static_cast<std::size_t>(r)];
+          EXPECT_EQ(link_traffic(per_expert[static_cast<std::size_t>(r)]).dispatch_bytes, rows_per_expert[static_cast<std::size_t>(r)] * row_bytes);
+          EXPECT_EQ(link_traffic(p).dispatch_bytes, rows_once[static_cast<std::size_t>(r)] * row_bytes);
+          EXPECT_EQ(link_traffic(p).combine_bytes, link_traffic(per_expert[static_cast<std::size_t>(r)]).combine_bytes);
+          saved += rows_per_expert[static_cast<std::size_t>(r)] - rows_once[static_cast<std::size_t>(r)];
+          std::int64_t received = 0;
+          for (const StepPlan& q : once) {
+            for (const Segment& g : q.segments) {
+              if (g.dest_rank != r || q.rank == r || g.src != BufferId::Input) continue;  // the dispatch into r
+              EXPECT_EQ(g.dst, BufferId::Received) << "rank " << q.rank << " writes rank " << r << "'s ExpertIn";
+              received += g.rows;
+            }
+          }
+          EXPECT_EQ(p.received_rows, received) << "rank " << r << "'s Received holds exactly what reaches it";
+        }
+        EXPECT_GT(saved, 0) << "top-4 over 4 ranks: some tokens have two experts on one rank";
+      }
     }
   }
 }
@@ -109,35 +168,46 @@ TEST(Plans, TileSignalShipsBandsRemoteFirstWithoutPadding) {
 TEST(Plans, CometPutsLocalRowsFirstAndWaitsOnlyForItsSources) {
   const EpWorld world = make_world({30, 30, 30}, 16, 16, 3, 2);
   const StepCase c = make_case(world, RoutingPattern::Balanced, 9);
-  const auto plans = compile_plan(Strategy::Comet, world, c.routing, options(4, 8));
-  for (const StepPlan& p : plans) {
-    // the first GEMM0 tile needs only this rank's own rows
-    const TaskRef first = p.compute_queue.front();
-    ASSERT_EQ(first.kind, TaskKind::Gemm);
-    const GemmTile& t = p.tiles[first.index];
-    ASSERT_EQ(t.layer, 0);
-    for (std::uint32_t w = t.wait_begin; w < t.wait_begin + t.wait_count; ++w) EXPECT_EQ(p.waits[w].from_rank, p.rank);
-    // sends: dispatch goes to self first, then p-1, p-2, ...
-    std::vector<int> dests;
-    for (const TaskRef& ref : p.comm_queue) {
-      if (ref.kind == TaskKind::Segment && p.segments[ref.index].dst == BufferId::ExpertIn &&
-          (dests.empty() || dests.back() != p.segments[ref.index].dest_rank)) {
-        dests.push_back(p.segments[ref.index].dest_rank);
+  for (DispatchVolume volume : {DispatchVolume::OncePerRank, DispatchVolume::RowPerExpert}) {
+    SCOPED_TRACE(std::string(dispatch_volume_name(volume)));
+    PlanOptions o = options(4, 8);
+    o.dispatch = volume;
+    const auto plans = compile_plan(Strategy::Comet, world, c.routing, o);
+    for (const StepPlan& p : plans) {
+      // the first GEMM0 tile needs only this rank's own rows: its flags are raised by this rank's
+      // dispatch from its Input, not by rows another rank sent
+      const TaskRef first = p.compute_queue.front();
+      ASSERT_EQ(first.kind, TaskKind::Gemm);
+      const GemmTile& t = p.tiles[first.index];
+      ASSERT_EQ(t.layer, 0);
+      for (std::uint32_t w = t.wait_begin; w < t.wait_begin + t.wait_count; ++w) {
+        ASSERT_EQ(p.waits[w].from_rank, p.rank);
+        bool own_rows = false;
+        for (const Segment& g : p.segments) own_rows |= g.dest_rank == p.rank && g.dest_flag == static_cast<std::int32_t>(p.waits[w].flag) && g.src == BufferId::Input;
+        EXPECT_TRUE(own_rows) << "wait " << w;
       }
+      // sends: dispatch goes to self first, then p-1, p-2, ...
+      std::vector<int> dests;
+      for (const TaskRef& ref : p.comm_queue) {
+        if (ref.kind == TaskKind::Segment && p.segments[ref.index].src == BufferId::Input &&
+            (dests.empty() || dests.back() != p.segments[ref.index].dest_rank)) {
+          dests.push_back(p.segments[ref.index].dest_rank);
+        }
+      }
+      ASSERT_EQ(dests.size(), 3u);
+      EXPECT_EQ(dests[0], p.rank);
+      EXPECT_EQ(dests[1], (p.rank + 2) % 3);
+      // GEMM1 runs split by split: column splits never go backwards in the compute queue
+      std::int64_t last_col = -1;
+      for (const TaskRef& ref : p.compute_queue) {
+        if (ref.kind != TaskKind::Gemm || p.tiles[ref.index].layer != 1) continue;
+        const std::int64_t split = p.tiles[ref.index].col_begin / 4;  // hidden 16 -> splits of 4 columns
+        EXPECT_GE(split, last_col);
+        last_col = split;
+      }
+      // the reductions run on communication workers
+      for (const TaskRef& ref : p.compute_queue) EXPECT_NE(ref.kind, TaskKind::Combine);
     }
-    ASSERT_EQ(dests.size(), 3u);
-    EXPECT_EQ(dests[0], p.rank);
-    EXPECT_EQ(dests[1], (p.rank + 2) % 3);
-    // GEMM1 runs split by split: column splits never go backwards in the compute queue
-    std::int64_t last_col = -1;
-    for (const TaskRef& ref : p.compute_queue) {
-      if (ref.kind != TaskKind::Gemm || p.tiles[ref.index].layer != 1) continue;
-      const std::int64_t split = p.tiles[ref.index].col_begin / 4;  // hidden 16 -> splits of 4 columns
-      EXPECT_GE(split, last_col);
-      last_col = split;
-    }
-    // the reductions run on communication workers
-    for (const TaskRef& ref : p.compute_queue) EXPECT_NE(ref.kind, TaskKind::Combine);
   }
 }
 

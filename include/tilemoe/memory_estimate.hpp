@@ -34,6 +34,7 @@ struct StepMemoryInputs {
   bool cpu_engine = true;
   std::int64_t shared_ffn_hidden = 0;  // the layer's shared expert's width (0: none), held as an expert's weights
   bool expert_biases = false;          // the experts have biases (GPT-OSS)
+  bool expert_weights = true;          // the command holds the experts' weights (not to compile plans only)
 };
 StepMemory estimate_step_memory(const StepMemoryInputs& inputs);
 

@@ -33,8 +33,12 @@ enum class BufferId : std::uint8_t {
   ExpertOut,   // [expert_rows, hidden]   GEMM1 output
   CombineIn,   // [combine_rows, hidden]  expert outputs of this rank's tokens (combine target)
   Output,      // [tokens, hidden]        the layer's output
+  // [received_rows, hidden] the tokens other ranks sent this rank once each (a dispatch once per
+  // destination rank), source block after source block, ascending; the receiver places them
+  // into ExpertIn, a row for each of its local experts the token chose
+  Received,
 };
-constexpr int kBufferCount = 6;
+constexpr int kBufferCount = 7;
 std::string_view buffer_name(BufferId buffer);
 
 constexpr std::int32_t kNoFlag = -1;
@@ -128,6 +132,7 @@ struct StepPlan {
 
   std::int64_t expert_rows = 0;   // rows of ExpertIn / Activation / ExpertOut
   std::int64_t combine_rows = 0;  // rows of CombineIn
+  std::int64_t received_rows = 0;  // rows of Received (0 when the dispatch sends a row per expert)
   std::uint32_t flag_count = 0;   // flags of this rank, ids [0, flag_count)
   // CombineIn row x's arrival flag is row_arrival_flag + x (combine tasks that wait for their
   // rows; segments that raise a flag per row); 0 when no task waits that way.
@@ -170,6 +175,7 @@ struct PlanTable {
 struct PlanHeader {
   std::int64_t expert_rows = 0;
   std::int64_t combine_rows = 0;
+  std::int64_t received_rows = 0;
   std::uint32_t flag_count = 0;
   std::uint32_t row_arrival_flag = 0;  // as StepPlan's
   // The tiles table holds GEMM0's tiles [0, layer_tiles[0]), then GEMM1's: each GEMM's in the
@@ -203,6 +209,22 @@ std::string_view plan_table_name(int index);
 
 static_assert(std::is_trivially_copyable_v<PlanHeader> && std::is_trivially_copyable_v<PlanTables>);
 
+// How the dispatch sends a token to the ranks of its experts. Outputs are bitwise the same
+// either way: only the rows on the links and the copies at the receiver differ.
+enum class DispatchVolume : std::uint8_t {
+  // A row per (token, destination rank) into the destination's Received, with the token's
+  // routing known to the destination's plan, which places it into ExpertIn once for each of its
+  // local experts the token chose: DeepEP's volume. At top-k 8 over 256 experts on 8 ranks a
+  // token reaches about 5.3 distinct ranks, so the dispatch moves about 2/3 of the rows; the
+  // copies at the receiver are local.
+  OncePerRank,
+  // A row per (token, chosen expert) straight into the destination's ExpertIn (Megatron's
+  // all-to-all dispatcher): no copy at the receiver, up to top_k rows of a token on a link.
+  RowPerExpert,
+};
+std::string_view dispatch_volume_name(DispatchVolume volume);  // "once-per-rank", "row-per-expert"
+DispatchVolume parse_dispatch_volume(std::string_view name);    // bad input naming both for anything else
+
 struct PlanOptions {
   std::int64_t tile_m = 16;  // GEMM tile height (rows); tile_signal pads owner groups to it
   std::int64_t tile_n = 64;  // GEMM tile width (columns) for both layers
@@ -211,6 +233,7 @@ struct PlanOptions {
   TileSignalOptions tile_signal;     // bands_per_segment: mgb, row bands per middle segment
   CometOptions comet;
   std::int64_t combine_tokens = 32;   // tokens per combine task
+  DispatchVolume dispatch = DispatchVolume::OncePerRank;
 };
 void validate(const PlanOptions& options, const EpWorld& world);
 
@@ -228,6 +251,14 @@ void validate_plan(const std::vector<StepPlan>& plans);
 // One contiguous blob per plan (header + tables), the form a GPU executor copies in one memcpy.
 std::vector<std::byte> pack_plan(const StepPlan& plan);
 StepPlan unpack_plan(const std::vector<std::byte>& blob);
+
+// The bytes a rank's plan puts on its links (segments to other ranks), by phase: the dispatch
+// (into ExpertIn or Received) and the combine (into CombineIn).
+struct LinkTraffic {
+  std::int64_t dispatch_bytes = 0;
+  std::int64_t combine_bytes = 0;
+};
+LinkTraffic link_traffic(const StepPlan& plan);
 
 std::string describe_task(const StepPlan& plan, TaskRef task);
 std::string plan_summary(const StepPlan& plan);

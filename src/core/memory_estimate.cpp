@@ -64,13 +64,14 @@ StepMemory estimate_step_memory(const StepMemoryInputs& in) {
   const std::uint64_t matrices = layer.activation == Activation::SwiGLU ? 3 : 2;
   m.weights = add(mul(mul(mul(experts, h), f), 4 * matrices), mul(mul(h, u(in.shared_ffn_hidden)), 4 * matrices + 4));
   if (in.expert_biases) m.weights = add(m.weights, mul(mul(experts, add(mul(f, 2), h)), 4));
+  if (!in.expert_weights) m.weights = 0;
   m.references = add(in.cpu_engine ? mul(mul(tokens, h), element) : 0, in.fp64_reference ? mul(mul(tokens, h), 8) : 0);
   // per strategy: the output of every rank, and the plan's per-slot tables (source row, weight)
   m.results = mul(u(in.strategies), add(mul(mul(tokens, h), element), mul(mul(tokens, k), 12)));
   if (in.routing != nullptr && in.cpu_engine) {
     // Every rank's buffers are as large as the largest rank's (symmetric allocation). Expert
-    // rows: the kept slots routed to the rank's experts (no strategy pads them); combine rows:
-    // the rank's own kept slots.
+    // rows: the kept slots routed to the rank's experts (no strategy pads them); Received (a
+    // dispatch once per rank) holds at most as many; combine rows: the rank's own kept slots.
     const std::uint64_t local_experts = ranks > 0 ? experts / ranks : 0;
     std::vector<std::uint64_t> received(ranks, 0);
     std::uint64_t max_tokens = 0, max_combine = 0;
@@ -89,7 +90,7 @@ StepMemory estimate_step_memory(const StepMemoryInputs& in) {
     std::uint64_t max_expert_rows = 0;
     for (const std::uint64_t rows : received) max_expert_rows = std::max(max_expert_rows, rows);
     const std::uint64_t per_rank = add(add(mul(mul(max_tokens, h), 2 * element),          // Input, Output
-                                           mul(mul(max_expert_rows, h), 2 * element)),     // ExpertIn, ExpertOut
+                                           mul(mul(max_expert_rows, h), 3 * element)),     // ExpertIn, ExpertOut, Received
                                        add(mul(mul(max_expert_rows, f), element),          // Activation
                                            mul(mul(max_combine, h), element)));            // CombineIn
     m.executor = add(mul(per_rank, ranks), mul(mul(tokens, k), 24));  // + plan tables per slot

@@ -643,7 +643,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       m.host_dispatch(stream, T);
     }
     const bool overlap = m.options.strategy == Strategy::TileSignal;
-    const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts);
+    const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts, DispatchVolume::RowPerExpert);
     if (m.device_plan) {  // from the counts this step exchanged
       const int* counts = m.exchange_walks_plan ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
       const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
@@ -808,7 +808,7 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   const StepPlan plan = m.download_plan(stream);
   const int N = m.world, L = m.local_experts;
   const bool overlap = m.options.strategy == Strategy::TileSignal;
-  const int first_piece = plan_detail::tile_signal_first_piece(N, L);
+  const int first_piece = plan_detail::tile_signal_first_piece(N, L, DispatchVolume::RowPerExpert);
   const std::size_t per = static_cast<std::size_t>(m.schedule.bands_per_segment * N);
   const std::size_t pieces = overlap ? plan.segments.size() - static_cast<std::size_t>(first_piece) : 0;
   const std::size_t units = (pieces + per - 1) / std::max<std::size_t>(per, 1);

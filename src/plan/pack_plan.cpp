@@ -11,7 +11,7 @@ namespace tilemoe {
 
 namespace {
 
-constexpr std::uint64_t kMagic = 0x314e414c50454f4dull;  // "MOEPLAN1"
+constexpr std::uint64_t kMagic = 0x324e414c50454f4dull;  // "MOEPLAN2": with Received's rows
 constexpr int kTables = 11;
 
 struct TableRef {
@@ -26,7 +26,7 @@ struct Header {
   Activation activation;
   DType dtype;
   std::int32_t rank, world_size, compute_workers, comm_workers;
-  std::int64_t tokens, hidden, ffn_hidden, top_k, tile_m, tile_n0, tile_n1, expert_rows, combine_rows;
+  std::int64_t tokens, hidden, ffn_hidden, top_k, tile_m, tile_n0, tile_n1, expert_rows, combine_rows, received_rows;
   std::uint32_t flag_count, row_arrival_flag;
   TableRef tables[kTables];
 };
@@ -71,6 +71,7 @@ std::vector<std::byte> pack_plan(const StepPlan& source) {
   header.tile_n1 = plan.tile_n1;
   header.expert_rows = plan.expert_rows;
   header.combine_rows = plan.combine_rows;
+  header.received_rows = plan.received_rows;
   header.flag_count = plan.flag_count;
   header.row_arrival_flag = plan.row_arrival_flag;
   std::uint64_t at = align16(sizeof(Header));
@@ -116,6 +117,7 @@ StepPlan unpack_plan(const std::vector<std::byte>& blob) {
   plan.tile_n1 = header.tile_n1;
   plan.expert_rows = header.expert_rows;
   plan.combine_rows = header.combine_rows;
+  plan.received_rows = header.received_rows;
   plan.flag_count = header.flag_count;
   plan.row_arrival_flag = header.row_arrival_flag;
   int t = 0;

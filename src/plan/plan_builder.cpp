@@ -215,6 +215,106 @@ void add_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout,
   }
 }
 
+void add_dispatch_once_per_rank(std::vector<StepPlan>& plans, const StepLayout& layout,
+                                const std::function<int(int src, int step)>& dest_order,
+                                const std::function<FlagWait(int dest, std::size_t group_index)>& arrival_flag) {
+  const int world_size = static_cast<int>(plans.size());
+  const auto at = [](auto& v, int i) -> auto& { return v[static_cast<std::size_t>(i)]; };
+  // Received of each destination: source q's tokens for any of its groups, ascending, once each
+  std::vector<std::vector<std::vector<std::int64_t>>> sent(static_cast<std::size_t>(world_size),
+                                                           std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(world_size)));
+  std::vector<std::vector<std::int64_t>> block(static_cast<std::size_t>(world_size), std::vector<std::int64_t>(static_cast<std::size_t>(world_size)));
+  for (int dest = 0; dest < world_size; ++dest) {
+    for (const TokenGroup& group : at(layout.ranks, dest).groups) {
+      if (group.src_rank != dest) at(at(sent, dest), group.src_rank).insert(at(at(sent, dest), group.src_rank).end(), group.tokens.begin(), group.tokens.end());
+    }
+    std::int64_t rows = 0;
+    for (int q = 0; q < world_size; ++q) {
+      auto& tokens = at(at(sent, dest), q);
+      std::sort(tokens.begin(), tokens.end());
+      tokens.erase(std::unique(tokens.begin(), tokens.end()), tokens.end());
+      at(at(block, dest), q) = rows;
+      rows += static_cast<std::int64_t>(tokens.size());
+    }
+    at(plans, dest).received_rows = rows;
+  }
+  auto gathered = [](StepPlan& plan, Segment& segment, const std::vector<std::int64_t>& rows) {
+    segment.gather_begin = static_cast<std::uint32_t>(plan.gather_rows.size());
+    segment.gather_count = static_cast<std::uint32_t>(rows.size());
+    segment.rows = static_cast<std::int64_t>(rows.size());
+    plan.gather_rows.insert(plan.gather_rows.end(), rows.begin(), rows.end());
+  };
+  // the sends, and the flag each raises at its destination
+  std::vector<std::vector<FlagWait>> arrived(static_cast<std::size_t>(world_size), std::vector<FlagWait>(static_cast<std::size_t>(world_size)));
+  std::vector<std::vector<int>> arrival_order(static_cast<std::size_t>(world_size));
+  for (int src = 0; src < world_size; ++src) {
+    StepPlan& plan = at(plans, src);
+    for (int step = 0; step < world_size; ++step) {
+      const int dest = dest_order(src, step);
+      const RankLayout& rl = at(layout.ranks, dest);
+      Segment segment;
+      segment.src = BufferId::Input;
+      segment.dest_rank = dest;
+      segment.col_begin = 0;
+      segment.col_end = plan.hidden;
+      if (dest == src) {
+        for (std::size_t g = 0; g < rl.groups.size(); ++g) {
+          if (rl.groups[g].src_rank != src) continue;
+          segment.dst = BufferId::ExpertIn;
+          gathered(plan, segment, rl.groups[g].tokens);
+          segment.dst_row = rl.groups[g].row_begin;
+          segment.dest_flag = static_cast<std::int32_t>(arrival_flag(dest, g).flag);
+          add_segment(plan, segment, {});
+        }
+        continue;
+      }
+      const std::vector<std::int64_t>& tokens = at(at(sent, dest), src);
+      if (tokens.empty()) continue;
+      segment.dst = BufferId::Received;
+      gathered(plan, segment, tokens);
+      segment.dst_row = at(at(block, dest), src);
+      const std::uint32_t flag = new_flag(at(plans, dest));
+      segment.dest_flag = static_cast<std::int32_t>(flag);
+      at(at(arrived, dest), src) = FlagWait{flag, 1, src};
+      add_segment(plan, segment, {});
+    }
+  }
+  // each destination's placements, sources in the order their sends come (their step to it)
+  for (int dest = 0; dest < world_size; ++dest) {
+    std::vector<std::pair<int, int>> sources;  // (step, source)
+    for (int src = 0; src < world_size; ++src) {
+      if (src == dest || at(at(sent, dest), src).empty()) continue;
+      for (int step = 0; step < world_size; ++step) {
+        if (dest_order(src, step) == dest) sources.emplace_back(step, src);
+      }
+    }
+    std::sort(sources.begin(), sources.end());
+    StepPlan& plan = at(plans, dest);
+    const RankLayout& rl = at(layout.ranks, dest);
+    for (const auto& [step, src] : sources) {
+      const std::vector<std::int64_t>& tokens = at(at(sent, dest), src);
+      for (std::size_t g = 0; g < rl.groups.size(); ++g) {
+        const TokenGroup& group = rl.groups[g];
+        if (group.src_rank != src) continue;
+        std::vector<std::int64_t> rows;  // each group token's row in Received
+        for (std::int64_t token : group.tokens) {
+          rows.push_back(at(at(block, dest), src) + (std::lower_bound(tokens.begin(), tokens.end(), token) - tokens.begin()));
+        }
+        Segment segment;
+        segment.src = BufferId::Received;
+        segment.dst = BufferId::ExpertIn;
+        segment.dest_rank = dest;
+        gathered(plan, segment, rows);
+        segment.dst_row = group.row_begin;
+        segment.col_begin = 0;
+        segment.col_end = plan.hidden;
+        segment.dest_flag = static_cast<std::int32_t>(arrival_flag(dest, g).flag);
+        add_segment(plan, segment, {at(at(arrived, dest), src)});
+      }
+    }
+  }
+}
+
 void add_alltoall_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout) {
   const int world_size = static_cast<int>(plans.size());
   std::map<std::pair<int, int>, std::uint32_t> counter;  // (receiver, sender) -> flag

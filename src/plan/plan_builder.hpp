@@ -68,6 +68,17 @@ void add_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout,
                   const std::function<int(int src, int step)>& dest_order,
                   const std::function<FlagWait(int dest, std::size_t group_index)>& arrival_flag);
 
+// The same dispatch once per destination rank (DispatchVolume::OncePerRank): a source sends each
+// other rank, in `dest_order`, one segment with its tokens for any of that rank's groups, once
+// each, into the rank's Received (a block per source, ascending), raising a flag of its own there;
+// the rank places them, a local segment per group from Received into the group's ExpertIn rows,
+// once that source's rows have arrived, sources in the order their rows arrive. A rank's own
+// groups go straight into its ExpertIn. `arrival_flag(dest, group_index)` is the flag a group's
+// rows raise on dest, as add_dispatch's.
+void add_dispatch_once_per_rank(std::vector<StepPlan>& plans, const StepLayout& layout,
+                                const std::function<int(int src, int step)>& dest_order,
+                                const std::function<FlagWait(int dest, std::size_t group_index)>& arrival_flag);
+
 // The plain all-to-all dispatch: rank p sends to p, p+1, ...; each receiver has one counter
 // per sender, raised by every segment of that sender.
 void add_alltoall_dispatch(std::vector<StepPlan>& plans, const StepLayout& layout);

@@ -1,5 +1,6 @@
 #include "plan_tables.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -78,6 +79,7 @@ void copy_plan_tables(const PlanTables& tables, StepPlan& plan) {
   }
   plan.expert_rows = tables.header.expert_rows;
   plan.combine_rows = tables.header.combine_rows;
+  plan.received_rows = tables.header.received_rows;
   plan.flag_count = tables.header.flag_count;
   plan.row_arrival_flag = tables.header.row_arrival_flag;
   copy_table(tables.experts, plan.experts);
@@ -166,6 +168,7 @@ std::string first_table_difference(const StepPlan& a, const StepPlan& b) {
   FieldDiff header;
   header.field("expert_rows", a.expert_rows, b.expert_rows);
   header.field("combine_rows", a.combine_rows, b.combine_rows);
+  header.field("received_rows", a.received_rows, b.received_rows);
   header.field("flag_count", a.flag_count, b.flag_count);
   header.field("row_arrival_flag", a.row_arrival_flag, b.row_arrival_flag);
   if (!header.out.empty()) return "header: " + header.out;
@@ -179,7 +182,8 @@ std::string first_table_difference(const StepPlan& a, const StepPlan& b) {
   return "";
 }
 
-HostStepCounts::HostStepCounts(std::vector<int> counts, int world, int experts) : counts_(std::move(counts)) {
+HostStepCounts::HostStepCounts(std::vector<int> counts, int world, int experts, std::vector<int> rank_tokens)
+    : counts_(std::move(counts)), rank_tokens_(std::move(rank_tokens)) {
   if (world < 1 || experts < world || experts % world != 0 ||
       counts_.size() != static_cast<std::size_t>(world) * static_cast<std::size_t>(experts)) {
     throw_internal("step counts: " + std::to_string(counts_.size()) + " counts for " + std::to_string(world) + " ranks and " +
@@ -190,7 +194,32 @@ HostStepCounts::HostStepCounts(std::vector<int> counts, int world, int experts) 
   rank_row_.resize(static_cast<std::size_t>(world) * static_cast<std::size_t>(local + 1));
   derive_offsets(counts_.data(), world, experts, offset_.data());
   derive_rank_rows(offset_.data(), world, experts, rank_row_.data());
-  view_ = StepCounts{world, experts, local, offset_.data(), rank_row_.data()};
+  if (!rank_tokens_.empty() && rank_tokens_.size() != static_cast<std::size_t>(world) * static_cast<std::size_t>(world)) {
+    throw_internal("step counts: " + std::to_string(rank_tokens_.size()) + " rank token counts for " + std::to_string(world) + " ranks");
+  }
+  view_ = StepCounts{world, experts, local, offset_.data(), rank_row_.data(), rank_tokens_.empty() ? nullptr : rank_tokens_.data()};
+}
+
+std::vector<std::vector<std::vector<std::int64_t>>> rank_send_lists(const std::vector<Routing>& routing, int experts) {
+  const auto world = static_cast<int>(routing.size());
+  const int local = experts / world;
+  std::vector<std::vector<std::vector<std::int64_t>>> lists(static_cast<std::size_t>(world),
+                                                            std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(world)));
+  std::vector<std::int64_t> last_token(static_cast<std::size_t>(world));
+  for (int q = 0; q < world; ++q) {
+    const Routing& r = routing[static_cast<std::size_t>(q)];
+    std::fill(last_token.begin(), last_token.end(), -1);
+    for (std::int64_t token = 0; token < r.tokens; ++token) {
+      for (std::int64_t j = 0; j < r.top_k; ++j) {
+        const std::size_t s = r.slot(token, j);
+        const int d = r.expert[s] / local;
+        if (!r.kept[s] || d == q || last_token[static_cast<std::size_t>(d)] == token) continue;
+        last_token[static_cast<std::size_t>(d)] = token;
+        lists[static_cast<std::size_t>(q)][static_cast<std::size_t>(d)].push_back(token);
+      }
+    }
+  }
+  return lists;
 }
 
 HostStepCounts routing_counts(const std::vector<Routing>& routing, int experts) {
@@ -202,26 +231,61 @@ HostStepCounts routing_counts(const std::vector<Routing>& routing, int experts) 
       if (r.kept[s]) ++counts[static_cast<std::size_t>(q) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(r.expert[s])];
     }
   }
-  return HostStepCounts(std::move(counts), world, experts);
+  const auto lists = rank_send_lists(routing, experts);
+  std::vector<int> rank_tokens(static_cast<std::size_t>(world) * static_cast<std::size_t>(world));
+  for (int q = 0; q < world; ++q) {
+    for (int d = 0; d < world; ++d) {
+      rank_tokens[static_cast<std::size_t>(q * world + d)] = static_cast<int>(lists[static_cast<std::size_t>(q)][static_cast<std::size_t>(d)].size());
+    }
+  }
+  return HostStepCounts(std::move(counts), world, experts, std::move(rank_tokens));
 }
 
-void add_token_tables(StepPlan& plan, const Routing& routing, const StepCounts& counts) {
-  const int rank = plan.rank;
+void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch) {
+  const int rank = plan.rank, world = counts.world, L = counts.local_experts;
+  const Routing& own = routing[static_cast<std::size_t>(rank)];
   std::vector<std::int64_t> next(static_cast<std::size_t>(counts.experts));
   for (int x = 0; x < counts.experts; ++x) next[static_cast<std::size_t>(x)] = counts.offset_of(rank, x);
-  plan.gather_rows.assign(static_cast<std::size_t>(counts.offset_of(rank, counts.experts)), 0);
-  plan.combine_source_row.assign(routing.expert.size(), -1);
+  const bool once = dispatch == DispatchVolume::OncePerRank;
+  plan.gather_rows.assign(static_cast<std::size_t>(once ? counts.placement_begin(rank) + counts.expert_rows(rank)
+                                                        : counts.offset_of(rank, counts.experts)),
+                          0);
+  plan.combine_source_row.assign(own.expert.size(), -1);
   // tokens ascending inside each expert: visit tokens in order, a row for each kept choice
-  for (std::int64_t token = 0; token < routing.tokens; ++token) {
-    for (std::int64_t j = 0; j < routing.top_k; ++j) {
-      const std::size_t s = routing.slot(token, j);
-      if (!routing.kept[s]) continue;
-      const std::int64_t row = next[static_cast<std::size_t>(routing.expert[s])]++;
+  for (std::int64_t token = 0; token < own.tokens; ++token) {
+    for (std::int64_t j = 0; j < own.top_k; ++j) {
+      const std::size_t s = own.slot(token, j);
+      if (!own.kept[s]) continue;
+      const std::int64_t row = next[static_cast<std::size_t>(own.expert[s])]++;
       plan.gather_rows[static_cast<std::size_t>(row)] = token;
       plan.combine_source_row[s] = row;
     }
   }
-  plan.combine_weight = routing.weight;
+  plan.combine_weight = own.weight;
+  if (!once) return;
+  const auto lists = rank_send_lists(routing, counts.experts);
+  for (int d = 0; d < world; ++d) {
+    const auto& list = lists[static_cast<std::size_t>(rank)][static_cast<std::size_t>(d)];
+    std::copy(list.begin(), list.end(), plan.gather_rows.begin() + counts.send_list_row(rank, d));
+  }
+  // each other source's tokens, in the order they sit in this rank's Received, placed at the next
+  // row of each local expert they chose (tokens ascending inside a (expert, source) block)
+  const std::int64_t placement = counts.placement_begin(rank);
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    const Routing& r = routing[static_cast<std::size_t>(q)];
+    const auto& list = lists[static_cast<std::size_t>(q)][static_cast<std::size_t>(rank)];
+    std::vector<std::int64_t> block(static_cast<std::size_t>(L));
+    for (int e = 0; e < L; ++e) block[static_cast<std::size_t>(e)] = counts.block_row(rank, e, q);
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      for (std::int64_t j = 0; j < r.top_k; ++j) {
+        const std::size_t s = r.slot(list[i], j);
+        if (!r.kept[s] || r.expert[s] / L != rank) continue;
+        const std::int64_t row = block[static_cast<std::size_t>(r.expert[s] % L)]++;
+        plan.gather_rows[static_cast<std::size_t>(placement + row)] = counts.received_row(rank, q) + static_cast<std::int64_t>(i);
+      }
+    }
+  }
 }
 
 }  // namespace plan_detail

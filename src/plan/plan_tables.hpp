@@ -48,20 +48,27 @@ std::string first_table_difference(const StepPlan& a, const StepPlan& b);
 // Every rank's counts, with the offsets a compiler reads (StepCounts views this object: keep it).
 class HostStepCounts {
  public:
-  // `counts` [world][experts]: rank q's kept rows for global expert x.
-  HostStepCounts(std::vector<int> counts, int world, int experts);
+  // `counts` [world][experts]: rank q's kept rows for global expert x. `rank_tokens`
+  // [world][world] (StepCounts::rank_tokens), or empty when no compiler reads it.
+  HostStepCounts(std::vector<int> counts, int world, int experts, std::vector<int> rank_tokens = {});
   const StepCounts& view() const { return view_; }
   const std::vector<int>& counts() const { return counts_; }
 
  private:
-  std::vector<int> counts_, offset_, rank_row_;
+  std::vector<int> counts_, offset_, rank_row_, rank_tokens_;
   StepCounts view_;
 };
 HostStepCounts routing_counts(const std::vector<Routing>& routing, int experts);
 
-// A rank's per-token tables from its routing: gather_rows (the tokens of its permuted order),
-// combine_source_row (each kept slot's row in that order, which is where its expert output comes
-// back) and combine_weight.
-void add_token_tables(StepPlan& plan, const Routing& routing, const StepCounts& counts);
+// The tokens of rank q that chose any expert of rank d (a kept row), ascending: what a dispatch
+// once per destination rank sends (none from a rank to itself). [q][d].
+std::vector<std::vector<std::vector<std::int64_t>>> rank_send_lists(const std::vector<Routing>& routing, int experts);
+
+// A rank's per-token tables from every rank's routing (see step_counts.hpp for the layout of
+// gather_rows): its permuted order; with a dispatch once per rank its send lists and, for each
+// ExpertIn row of another rank's token, the Received row it is placed from; combine_source_row
+// (each kept slot's row in the permuted order, which is where its expert output comes back) and
+// combine_weight.
+void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch);
 
 }  // namespace tilemoe::plan_detail

@@ -8,7 +8,17 @@
 //    expert ascending, the rank's tokens ascending inside an expert; `offset(q, x)` is rank q's
 //    first row of global expert x;
 //  - a rank's ExpertIn: local expert ascending, and inside an expert the source ranks
-//    ascending; `block_row(d, e, q)` is where source q's rows of rank d's local expert e start.
+//    ascending; `block_row(d, e, q)` is where source q's rows of rank d's local expert e start;
+//  - with a dispatch once per destination rank (DispatchVolume::OncePerRank), rank d's Received:
+//    source block after source block, ascending, each source's tokens ascending; rank q sends
+//    d `tokens_to(q, d)` rows, one per token that chose any of d's experts (none to itself:
+//    its own rows go straight into its ExpertIn).
+//
+// The gather table of a rank's plan (StepPlan::gather_rows) follows from the same counts: its
+// permuted order (the tokens of its send rows, offset_of), then with OncePerRank the tokens it
+// sends each destination (destinations ascending, from send_list_begin), then for each of its
+// ExpertIn rows the Received row it is placed from (from placement_begin; rows of its own
+// tokens have no entry used).
 #include <cstdint>
 
 #include "core/host_device.hpp"
@@ -23,6 +33,9 @@ struct StepCounts {
   const int* offset = nullptr;    // [world][experts + 1]
   const int* rank_row = nullptr;  // [world][local_experts + 1]: rank d's local expert e starts at
                                   // row rank_row[d * (L + 1) + e] of d's ExpertIn; e = L: d's rows
+  // [world][world]: tokens of rank q that chose any expert of rank d (a kept row), 0 for d = q;
+  // null when the dispatch sends a row per expert (no compiler reads it then)
+  const int* rank_tokens = nullptr;
 
   TILEMOE_HOST_DEVICE int offset_of(int q, int x) const { return offset[q * (experts + 1) + x]; }
   TILEMOE_HOST_DEVICE int count(int q, int x) const { return offset_of(q, x + 1) - offset_of(q, x); }
@@ -34,6 +47,23 @@ struct StepCounts {
     for (int p = 0; p < q; ++p) row += count(p, d * local_experts + e);
     return row;
   }
+  TILEMOE_HOST_DEVICE int tokens_to(int q, int d) const { return rank_tokens[q * world + d]; }
+  // Rows of rank d's Received, and where source q's block starts in it.
+  TILEMOE_HOST_DEVICE int received_rows(int d) const { return received_row(d, world); }
+  TILEMOE_HOST_DEVICE int received_row(int d, int q) const {
+    int row = 0;
+    for (int p = 0; p < q; ++p) row += tokens_to(p, d);
+    return row;
+  }
+  // Rank q's gather table: its send lists start after its permuted order; the list for d after
+  // those for the destinations before d; then its placements, one entry per ExpertIn row.
+  TILEMOE_HOST_DEVICE int send_list_begin(int q) const { return offset_of(q, experts); }
+  TILEMOE_HOST_DEVICE int send_list_row(int q, int d) const {
+    int row = send_list_begin(q);
+    for (int p = 0; p < d; ++p) row += tokens_to(q, p);
+    return row;
+  }
+  TILEMOE_HOST_DEVICE int placement_begin(int q) const { return send_list_row(q, world); }
   // How many local experts of rank `d` hold rows of source `q`: the segments q sends d in a
   // dispatch, and d sends back to q in a combine.
   TILEMOE_HOST_DEVICE int groups_from(int q, int d) const {

@@ -14,6 +14,7 @@ std::string_view buffer_name(BufferId buffer) {
     case BufferId::ExpertOut: return "ExpertOut";
     case BufferId::CombineIn: return "CombineIn";
     case BufferId::Output: return "Output";
+    case BufferId::Received: return "Received";
   }
   return "?";
 }
@@ -35,6 +36,7 @@ std::int64_t StepPlan::buffer_rows(BufferId buffer) const {
     case BufferId::Activation:
     case BufferId::ExpertOut: return expert_rows;
     case BufferId::CombineIn: return combine_rows;
+    case BufferId::Received: return received_rows;
   }
   return 0;
 }

@@ -2,8 +2,9 @@
 //
 //  1. every index, row, column and flag lies inside what it points into;
 //  2. every buffer region that a step writes is written exactly once (ExpertIn by dispatch
-//     segments and padding, Activation and ExpertOut by GEMM tiles, CombineIn by segments,
-//     Output by combine tasks), and every task sits in exactly one queue once;
+//     segments and padding, Received by dispatch segments, Activation and ExpertOut by GEMM
+//     tiles, CombineIn by segments, Output by combine tasks), and every task sits in exactly one
+//     queue once;
 //  3. every wait names a flag raised by exactly `expected` tasks, all of rank `from_rank`
 //     (a combine task's waits for its rows: each row's arrival flag raised exactly once);
 //  4. every read is ordered after the writes it reads: the writer raises a flag the reader
@@ -114,7 +115,7 @@ class PlanChecker {
           p.experts.size() != first.experts.size()) {
         reject(who + "layer shape or strategy differs from rank 0's");
       }
-      if (p.tokens < 0 || p.expert_rows < 0 || p.combine_rows < 0 || p.hidden <= 0 || p.ffn_hidden <= 0 || p.top_k <= 0) {
+      if (p.tokens < 0 || p.expert_rows < 0 || p.combine_rows < 0 || p.received_rows < 0 || p.hidden <= 0 || p.ffn_hidden <= 0 || p.top_k <= 0) {
         reject(who + "negative or zero sizes");
       }
       if (p.compute_workers < 1 || p.comm_workers < 1) reject(who + "needs at least one worker of each class");
@@ -176,7 +177,9 @@ class PlanChecker {
       const Segment& s = p.segments[i];
       const std::string who = describe_task(p, {TaskKind::Segment, i});
       if (static_cast<int>(s.src) >= kBufferCount || s.src == BufferId::Output) reject(who + ": cannot read that buffer");
-      if (s.dst != BufferId::ExpertIn && s.dst != BufferId::CombineIn) reject(who + ": may write only ExpertIn or CombineIn");
+      if (s.dst != BufferId::ExpertIn && s.dst != BufferId::CombineIn && s.dst != BufferId::Received) {
+        reject(who + ": may write only ExpertIn, CombineIn or Received");
+      }
       if (s.dest_rank < 0 || s.dest_rank >= world()) reject(who + ": no such destination rank");
       const StepPlan& d = plans_[static_cast<std::size_t>(s.dest_rank)];
       // a segment of no rows (an empty group) moves nothing but may raise its flag: a receiver
@@ -357,7 +360,7 @@ class PlanChecker {
   void check_coverage() {
     for (int r = 0; r < world(); ++r) {
       const StepPlan& p = plans_[static_cast<std::size_t>(r)];
-      for (BufferId b : {BufferId::ExpertIn, BufferId::Activation, BufferId::ExpertOut, BufferId::CombineIn, BufferId::Output}) {
+      for (BufferId b : {BufferId::ExpertIn, BufferId::Activation, BufferId::ExpertOut, BufferId::CombineIn, BufferId::Output, BufferId::Received}) {
         auto& rows = writes_[static_cast<std::size_t>(r)][static_cast<std::size_t>(b)];
         for (std::size_t row = 0; row < rows.size(); ++row) {
           auto& list = rows[row];

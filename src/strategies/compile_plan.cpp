@@ -2,6 +2,7 @@
 #include <string>
 
 #include "strategies.hpp"
+#include "tilemoe/dtype.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/plan.hpp"
 
@@ -25,6 +26,21 @@ Strategy parse_strategy(std::string_view name) {
   throw_bad_input("unknown strategy '" + std::string(name) + "': use sequential, tile_signal, comet or auto");
 }
 
+std::string_view dispatch_volume_name(DispatchVolume volume) {
+  switch (volume) {
+    case DispatchVolume::OncePerRank: return "once-per-rank";
+    case DispatchVolume::RowPerExpert: return "row-per-expert";
+  }
+  return "?";
+}
+
+DispatchVolume parse_dispatch_volume(std::string_view name) {
+  if (name == "once-per-rank") return DispatchVolume::OncePerRank;
+  if (name == "row-per-expert") return DispatchVolume::RowPerExpert;
+  throw_bad_input("unknown dispatch '" + std::string(name) +
+                  "': use once-per-rank (a row per token and destination rank) or row-per-expert (a row per token and chosen expert)");
+}
+
 void validate(const PlanOptions& options, const EpWorld& world) {
   auto positive = [](const char* what, std::int64_t value, std::int64_t limit) {
     if (value < 1 || value > limit) {
@@ -44,6 +60,9 @@ void validate(const PlanOptions& options, const EpWorld& world) {
   if (options.tile_signal.band_block < 0 || options.tile_signal.band_block % 2 != 0) {
     throw_bad_input("tile_signal band block = " + std::to_string(options.tile_signal.band_block) +
                     " bands: 0 (each expert's bands at once) or a positive even number");
+  }
+  if (options.dispatch != DispatchVolume::OncePerRank && options.dispatch != DispatchVolume::RowPerExpert) {
+    throw_bad_input("unknown dispatch volume " + std::to_string(static_cast<int>(options.dispatch)));
   }
   if (options.comet.split_cols < 0 || options.comet.split_cols > world.layer.hidden) {
     throw_bad_input("comet split = " + std::to_string(options.comet.split_cols) +
@@ -114,6 +133,17 @@ std::string describe_task(const StepPlan& plan, TaskRef task) {
     }
   }
   return out.str();
+}
+
+LinkTraffic link_traffic(const StepPlan& plan) {
+  LinkTraffic traffic;
+  const auto element = static_cast<std::int64_t>(dtype_size(plan.dtype));
+  for (const Segment& s : plan.segments) {
+    if (s.dest_rank == plan.rank) continue;
+    const std::int64_t bytes = s.rows * (s.col_end - s.col_begin) * element;
+    (s.dst == BufferId::CombineIn ? traffic.combine_bytes : traffic.dispatch_bytes) += bytes;
+  }
+  return traffic;
 }
 
 std::string plan_summary(const StepPlan& plan) {

@@ -250,6 +250,7 @@ int run(const RunOptions& options) {
   StepOptions step_options = options.step;
   step_options.strategies = std::max<int>(1, static_cast<int>(strategies.size()));
   step_options.cpu_engine = options.backend == "cpu";
+  if (options.backend == "cuda") refuse_gpu_dispatch_volume(options.step);
   std::function<void(const EpWorld&)> check_world;
 #ifdef TILEMOE_WITH_CUDA
   if (options.backend == "cuda") check_world = [&](const EpWorld& world) { check_gpu_memory(world, cuda_step_options(options)); };

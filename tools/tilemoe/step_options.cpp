@@ -61,6 +61,12 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--mgb", plan.tile_signal.bands_per_segment, "tile_signal: row bands merged per middle segment (0 = the strategy's choice)")->capture_default_str();
   app.add_option("--comet-split", plan.comet.split_cols, "comet: hidden columns per layer-1 split (0 = hidden/4)")->capture_default_str();
   app.add_option("--combine-tokens", plan.combine_tokens, "tokens per combine task")->capture_default_str();
+  dispatch_volume_option =
+      app.add_option_function<std::string>(
+             "--dispatch-volume", [this](const std::string& name) { plan.dispatch = parse_dispatch_volume(name); },
+             "the CPU engine's dispatch: once-per-rank (a row per token and destination rank, placed there for each of its experts, "
+             "as DeepEP) or row-per-expert (a row per token and chosen expert); the GPU's exchange sends a row per expert")
+          ->default_str(std::string(dispatch_volume_name(plan.dispatch)));
   app.add_option("--max-memory", max_memory,
                  "refuse a step whose estimated host memory exceeds this (e.g. 8G; default: what the machine has available)");
 }
@@ -182,6 +188,14 @@ MemoryLimit memory_limit(const StepOptions& o) {
 
 }  // namespace
 
+void refuse_gpu_dispatch_volume(const StepOptions& options) {
+  if (options.dispatch_volume_option != nullptr && options.dispatch_volume_option->count() > 0 &&
+      options.plan.dispatch == DispatchVolume::OncePerRank) {
+    throw_bad_input("--dispatch-volume once-per-rank runs on the CPU engine only: the GPU's exchange sends a row per expert "
+                    "(the placement at the receiver is not on the GPU yet); drop the option or use --backend cpu");
+  }
+}
+
 PreparedStep prepare_step(const StepOptions& options, const std::function<void(const EpWorld&)>& check_world) {
   StepOptions o = options;
   PreparedStep step;
@@ -229,7 +243,8 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   if (model_layer) step.world.layer = model_layer->layer;  // its routing rule too, which no option gives here
   const MoeConfig& layer = step.world.layer;
   if (check_world) check_world(step.world);
-  StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, true, o.cpu_engine};
+  StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, !o.plans_only, o.cpu_engine && !o.plans_only};
+  memory.expert_weights = !o.plans_only || model_layer.has_value();
   if (model_layer) {
     memory.shared_ffn_hidden = model_layer->shared_ffn_hidden;
     memory.expert_biases = model_layer->interleaved_experts;
@@ -290,6 +305,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   step.logits = std::move(logits);
   memory.routing = &step.routing;
   check_step_memory(estimate_step_memory(memory), limit.bytes, limit.source);
+  if (o.plans_only && !model && o.weights_path.empty()) return step;  // no experts run
   ProgressBar bar(o.weights_path.empty() && !model ? "drawing weights" : "reading weights");
   if (model) {
     step.weights = std::move(model_weights.experts);

@@ -20,6 +20,11 @@ namespace tilemoe::cli {
 // Option checks shared by the subcommands (CLI11 accepts these values on its own).
 extern const CLI::Validator kNotNegative;       // for unsigned options: "-1" is refused, not wrapped
 
+struct StepOptions;
+// --backend cuda: bad input when --dispatch-volume once-per-rank is given (the GPU's exchange
+// sends a row per expert).
+void refuse_gpu_dispatch_volume(const StepOptions& options);
+
 struct StepOptions {
   int ranks = 4;
   std::int64_t tokens = 128;  // per rank, unless tokens_per_rank is given
@@ -41,8 +46,12 @@ struct StepOptions {
   std::string model_path;          // --model: a Hugging Face model directory
   std::int64_t model_layer = -1;   // --layer: which of its layers
   PlanOptions plan;
+  CLI::Option* dispatch_volume_option = nullptr;  // --dispatch-volume (plan.dispatch), given or not
   std::string max_memory;  // --max-memory; empty: the memory this machine has available
   int strategies = 1;      // how many strategies the command runs one after another (memory estimate)
+  // the command only compiles plans (validate-plan): no expert weights are drawn, no references
+  // or row buffers counted (a --model layer's tensors are still read: its router is among them)
+  bool plans_only = false;
   bool cpu_engine = true;  // the CPU engine runs the whole step (memory estimate; the CUDA backend's oracle is a sample)
 
   CLI::Option* tokens_option = nullptr;

@@ -45,13 +45,24 @@ std::vector<StepPlan> compile_comet(const EpWorld& world, const std::vector<Rout
   const StepLayout layout = build_layout(world, routing, SourceOrder::LocalFirstRing, 1);
   apply_layout(plans, layout, routing);
 
-  // dispatch: one flag per group, so a GEMM0 tile waits only for its own source rows
-  add_dispatch(
-      plans, layout, [&](int src, int step) { return (src - step + world_size) % world_size; },
-      [&](int dest, std::size_t group) {
-        const int src = layout.ranks[static_cast<std::size_t>(dest)].groups[group].src_rank;
-        return FlagWait{new_flag(plans[static_cast<std::size_t>(dest)]), 1, src};
-      });
+  // dispatch: one flag per group, so a GEMM0 tile waits only for its own source rows (placed
+  // from Received by the expert rank itself when the dispatch sends once per rank)
+  const auto dest_order = [&](int src, int step) { return (src - step + world_size) % world_size; };
+  std::map<std::pair<int, std::size_t>, FlagWait> group_flag;  // (dest, group) -> the flag its rows raise
+  const auto arrival_flag = [&](int dest, std::size_t group) {
+    auto [it, added] = group_flag.try_emplace({dest, group});
+    if (added) {
+      const int src = layout.ranks[static_cast<std::size_t>(dest)].groups[group].src_rank;
+      const bool placed = options.dispatch == DispatchVolume::OncePerRank && src != dest;
+      it->second = FlagWait{new_flag(plans[static_cast<std::size_t>(dest)]), 1, placed ? dest : src};
+    }
+    return it->second;
+  };
+  if (options.dispatch == DispatchVolume::OncePerRank) {
+    add_dispatch_once_per_rank(plans, layout, dest_order, arrival_flag);
+  } else {
+    add_dispatch(plans, layout, dest_order, arrival_flag);
+  }
 
   const std::vector<RowRange> splits =
       split_range(0, world.layer.hidden, split_columns(options, world.layer.hidden));

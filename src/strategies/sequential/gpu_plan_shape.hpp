@@ -30,6 +30,7 @@ inline SequentialShape gpu_sequential_shape(const MoeConfig& layer, int rank, st
   shape.band_block[1] = 0;
   shape.combine_tokens = PlanOptions{}.combine_tokens;
   shape.receive_rows = receive_rows;
+  shape.dispatch = DispatchVolume::RowPerExpert;  // the device exchange has no placement at the receiver yet
   return shape;
 }
 

@@ -15,6 +15,7 @@ std::vector<StepPlan> compile_sequential(const EpWorld& world, const std::vector
   tiling.tile_m = options.tile_m;
   tiling.tile_n[0] = tiling.tile_n[1] = options.tile_n;
   tiling.combine_tokens = options.combine_tokens;
+  tiling.dispatch = options.dispatch;
   return compile_sequential_at(world, routing, options, tiling);
 }
 
@@ -40,7 +41,7 @@ std::vector<StepPlan> compile_sequential_at(const EpWorld& world, const std::vec
     sequential_prefix(counts.view(), shape, tile_first.data());
     compile_sequential_tables(counts.view(), shape, tile_first.data(), tables.view());
     copy_plan_tables(tables.view(), plan);
-    add_token_tables(plan, routing[static_cast<std::size_t>(rank)], counts.view());
+    add_token_tables(plan, routing, counts.view(), shape.dispatch);
   }
   return plans;
 }

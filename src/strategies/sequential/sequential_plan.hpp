@@ -2,16 +2,25 @@
 // The sequential strategy's compiler: one code path from every rank's per-expert counts to one
 // rank's plan, run by the host (compile_plan) and by a kernel on the GPU (device_compiler.cu).
 //
-// The schedule: the dispatch all-to-all (rank r sends to r, r + 1, ...; a segment per
-// (destination, local expert) group, empty groups included), every local expert's GEMM0 tiles,
-// then every GEMM1 tile (in the planned GEMM's order, which the GPU's GEMMs walk), the combine
-// all-to-all (a segment per (local expert, source) group, back to the source), then the top-k
-// sums in token chunks. Each phase waits for the whole phase before it.
+// The schedule: the dispatch all-to-all (rank r sends to r, r + 1, ...), every local expert's
+// GEMM0 tiles, then every GEMM1 tile (in the planned GEMM's order, which the GPU's GEMMs walk),
+// the combine all-to-all (a segment per (local expert, source) group, back to the source), then
+// the top-k sums in token chunks. Each phase waits for the whole phase before it.
+// The dispatch (SequentialShape::dispatch):
+//  - RowPerExpert: a segment per (destination, local expert) group, empty groups included,
+//    straight into the destination's ExpertIn;
+//  - OncePerRank: r's own rows into its ExpertIn as above; a segment per other rank d with r's
+//    tokens for any of d's experts, once each, into d's Received; then r places what each other
+//    rank q sent it: a local segment per (q, local expert) from Received into ExpertIn, after
+//    q's rows have arrived, q = r - 1, r - 2, ... (the order they arrive in).
 //
-// Flags of rank r, numbered so that any rank can name a peer's: [0, W) the dispatch arrivals
-// from sender p, W the GEMM0 tiles, W + 1 the GEMM1 tiles, [W + 2, 2W + 2) the combine arrivals
-// from expert rank d. A segment raises its flag even when its group is empty, so each arrival
-// flag expects L signals whatever the routing.
+// Flags of rank r, numbered so that any rank can name a peer's: [0, W) the rows from source q are
+// in ExpertIn (RowPerExpert: q's arrivals, raised by q; OncePerRank: raised by r's own segments,
+// its dispatch for q = r and its placements of q's rows otherwise), W the GEMM0 tiles, W + 1 the
+// GEMM1 tiles, [W + 2, 2W + 2) the combine arrivals from expert rank d; OncePerRank adds
+// [2W + 2, 3W + 2), q's rows have arrived in Received. A segment raises its flag even when its
+// group is empty, so each flag of [0, W) expects L signals and each of Received's one, whatever
+// the routing.
 //
 // Every entry of every table is a function of its index and a few prefix sums over the local
 // experts (sequential_prefix), so the GPU writes them a thread per entry: the prefix sums first
@@ -40,9 +49,29 @@ struct SequentialShape {
   // (counts a failing exchange left behind) compiles to a plan without tiles, marked
   // PlanHeader::rows_exceed_room, so that no GEMM writes past the buffers.
   std::int64_t receive_rows = 0;
+  // OncePerRank needs StepCounts::rank_tokens. (The GPU's exchange runs RowPerExpert only.)
+  DispatchVolume dispatch = DispatchVolume::RowPerExpert;
 };
 
-TILEMOE_HOST_DEVICE inline std::uint32_t sequential_flag_count(int world) { return static_cast<std::uint32_t>(2 * world + 2); }
+TILEMOE_HOST_DEVICE inline bool once_per_rank(const SequentialShape& s) { return s.dispatch == DispatchVolume::OncePerRank; }
+
+TILEMOE_HOST_DEVICE inline std::uint32_t sequential_flag_count(int world, DispatchVolume dispatch) {
+  return static_cast<std::uint32_t>(dispatch == DispatchVolume::OncePerRank ? 3 * world + 2 : 2 * world + 2);
+}
+// OncePerRank: the flag of rank d that source q's Received rows raise (sequential's; tile_signal
+// has its own, after its row arrivals).
+TILEMOE_HOST_DEVICE inline std::uint32_t sequential_received_flag(int world, int q) { return static_cast<std::uint32_t>(2 * world + 2 + q); }
+
+// The plan's first segments are the dispatch (tile_signal's too): [0, W L) with RowPerExpert;
+// with OncePerRank [0, L) the own rows, [L, L + W - 1) the sends, then (W - 1) L placements.
+TILEMOE_HOST_DEVICE inline int dispatch_segment_count(int world, int local_experts, DispatchVolume dispatch) {
+  return dispatch == DispatchVolume::OncePerRank ? local_experts + (world - 1) * (local_experts + 1) : world * local_experts;
+}
+// The waits the dispatch adds after a strategy's own: with OncePerRank, one per placed source
+// (q = r - 1 - i for wait i), the arrival of its Received rows.
+TILEMOE_HOST_DEVICE inline int received_wait_count(int world, DispatchVolume dispatch) {
+  return dispatch == DispatchVolume::OncePerRank ? world - 1 : 0;
+}
 
 TILEMOE_HOST_DEVICE inline int sequential_column_tiles(const SequentialShape& s, int layer) {
   return static_cast<int>(ceil_div64(layer == 0 ? s.ffn_hidden : s.hidden, s.tile_n[layer]));
@@ -56,8 +85,9 @@ inline PlanCapacity sequential_capacity(int world, int local_experts, std::int64
   const std::int64_t bands = max_rows / shape.tile_m + 2LL * local_experts;
   const std::int64_t tiles = bands * (sequential_column_tiles(shape, 0) + 1 + sequential_column_tiles(shape, 1) + 1);
   const std::int64_t combines = ceil_div64(max_tokens, shape.combine_tokens);
-  const std::int64_t segments = 2LL * world * local_experts;
-  return checked_capacity({local_experts, 2LL * world + 2, tiles, segments, combines, tiles + combines, segments});
+  const std::int64_t segments = dispatch_segment_count(world, local_experts, shape.dispatch) + 1LL * world * local_experts;
+  const std::int64_t waits = 2LL * world + 2 + received_wait_count(world, shape.dispatch);
+  return checked_capacity({local_experts, waits, tiles, segments, combines, tiles + combines, segments});
 }
 
 // The prefix sums the tables are indexed by: for GEMM layer l, `tile_first[l * (L + 2) + e]` is
@@ -88,17 +118,19 @@ inline void sequential_prefix(const StepCounts& c, const SequentialShape& s, int
   }
 }
 
-// Where each phase's waits sit, from the prefix sums (O(1) per thread): [0, W) one per sender,
-// then GEMM0's and GEMM1's if they have tiles, then [combine_wait_begin, + W) one per expert rank.
+// Where each phase's waits sit, from the prefix sums (O(1) per thread): [0, W) one per source,
+// then GEMM0's and GEMM1's if they have tiles, then [combine_wait_begin, + W) one per expert rank,
+// then (OncePerRank) [received_wait_begin, + W - 1) one per placed source.
 struct SequentialSummary {
   std::int64_t layer_tiles[2] = {0, 0};  // entries of each GEMM, padding mates included
   std::int64_t real_tiles[2] = {0, 0};   // those that compute rows (and raise the GEMM's flag)
   std::uint32_t layer_wait[2] = {0, 0};  // the wait for all of GEMM0 / GEMM1 (if it has tiles)
   std::uint32_t combine_wait_begin = 0;
+  std::uint32_t received_wait_begin = 0;
   std::uint32_t waits = 0;
 };
 
-TILEMOE_HOST_DEVICE inline SequentialSummary summarize_sequential(const StepCounts& c, const int* tile_first) {
+TILEMOE_HOST_DEVICE inline SequentialSummary summarize_sequential(const StepCounts& c, const SequentialShape& s, const int* tile_first) {
   const int W = c.world, L = c.local_experts;
   SequentialSummary m;
   std::uint32_t at = static_cast<std::uint32_t>(W);
@@ -109,7 +141,8 @@ TILEMOE_HOST_DEVICE inline SequentialSummary summarize_sequential(const StepCoun
     at += m.real_tiles[layer] > 0 ? 1u : 0u;
   }
   m.combine_wait_begin = at;
-  m.waits = at + static_cast<std::uint32_t>(W);
+  m.received_wait_begin = at + static_cast<std::uint32_t>(W);
+  m.waits = m.received_wait_begin + static_cast<std::uint32_t>(received_wait_count(W, s.dispatch));
   return m;
 }
 
@@ -149,20 +182,18 @@ TILEMOE_HOST_DEVICE inline GemmTile sequential_tile(const StepCounts& c, const S
   return tile;
 }
 
-// The plan's first segments, [0, W L), are the dispatch (tile_signal's too): the exchange runs
-// them as one range.
-TILEMOE_HOST_DEVICE inline int dispatch_segment_count(int world, int local_experts) { return world * local_experts; }
-
-// Segment `j` of the plan: [0, W L) the dispatch, destination after destination from this rank
-// on, local expert after local expert; then [W L, 2 W L) the combine, local expert after local
-// expert, source after source, after the whole GEMM1.
-TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const SequentialShape& s, const SequentialSummary& m,
-                                                      int j) {
+// Dispatch segment `j` (see dispatch_segment_count): `received_flag(d, q)` is rank d's flag that
+// source q's Received rows raise, `received_wait_begin` where this rank's waits for them start
+// (both OncePerRank only: each strategy numbers its own).
+template <typename ReceivedFlag>
+TILEMOE_HOST_DEVICE inline Segment dispatch_segment(const StepCounts& c, const SequentialShape& s, int j, ReceivedFlag received_flag,
+                                                    std::uint32_t received_wait_begin) {
   const int W = c.world, L = c.local_experts, r = s.rank;
   Segment segment;
   segment.col_begin = 0;
   segment.col_end = s.hidden;
-  if (j < W * L) {  // this rank's permuted rows of (destination d, its local expert e)
+  const bool once = once_per_rank(s);
+  if (!once || j < L) {  // this rank's permuted rows of (destination d, its local expert e)
     const int d = (r + j / L) % W, e = j % L;
     segment.src = BufferId::Input;
     segment.dst = BufferId::ExpertIn;
@@ -174,8 +205,57 @@ TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const
     segment.dest_flag = r;
     return segment;
   }
+  if (j < L + W - 1) {  // this rank's tokens for any expert of d, once each, into d's Received
+    const int d = (r + 1 + (j - L)) % W;
+    segment.src = BufferId::Input;
+    segment.dst = BufferId::Received;
+    segment.dest_rank = d;
+    segment.rows = c.tokens_to(r, d);
+    segment.gather_begin = static_cast<std::uint32_t>(c.send_list_row(r, d));
+    segment.gather_count = static_cast<std::uint32_t>(segment.rows);
+    segment.dst_row = c.received_row(d, r);
+    segment.dest_flag = static_cast<std::int32_t>(received_flag(d, r));
+    return segment;
+  }
+  // source q's rows of local expert e, placed from Received once q's rows are in
+  const int i = (j - L - (W - 1)) / L, e = (j - L - (W - 1)) % L, q = (r - 1 - i + W) % W;
+  segment.src = BufferId::Received;
+  segment.dst = BufferId::ExpertIn;
+  segment.dest_rank = r;
+  segment.rows = c.count(q, r * L + e);
+  segment.dst_row = c.block_row(r, e, q);
+  segment.gather_begin = static_cast<std::uint32_t>(c.placement_begin(r) + segment.dst_row);
+  segment.gather_count = static_cast<std::uint32_t>(segment.rows);
+  segment.wait_begin = received_wait_begin + static_cast<std::uint32_t>(i);
+  segment.wait_count = 1;
+  segment.dest_flag = q;
+  return segment;
+}
+// Wait `received_wait_begin + i` of a OncePerRank plan: source q = r - 1 - i's Received rows.
+template <typename ReceivedFlag>
+TILEMOE_HOST_DEVICE inline FlagWait received_wait(const StepCounts& c, int rank, int i, ReceivedFlag received_flag) {
+  const int q = (rank - 1 - i + c.world) % c.world;
+  return FlagWait{received_flag(rank, q), 1u, q};
+}
+// Wait `q` of [0, W) (every strategy's first waits): the rows from source q are in ExpertIn.
+TILEMOE_HOST_DEVICE inline FlagWait source_rows_wait(const StepCounts& c, const SequentialShape& s, int q) {
+  return FlagWait{static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(c.local_experts), once_per_rank(s) ? s.rank : q};
+}
+
+// Segment `j` of the plan: the dispatch (dispatch_segment), then W L segments of the combine,
+// local expert after local expert, source after source, after the whole GEMM1.
+TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const SequentialShape& s, const SequentialSummary& m,
+                                                      int j) {
+  const int W = c.world, L = c.local_experts, r = s.rank;
+  const int dispatch = dispatch_segment_count(W, L, s.dispatch);
+  if (j < dispatch) {
+    return dispatch_segment(c, s, j, [W](int, int q) { return sequential_received_flag(W, q); }, m.received_wait_begin);
+  }
+  Segment segment;
+  segment.col_begin = 0;
+  segment.col_end = s.hidden;
   // source q's rows of local expert e, back where they land in q's permuted order
-  const int e = (j - W * L) / W, q = (j - W * L) % W;
+  const int e = (j - dispatch) / W, q = (j - dispatch) % W;
   segment.src = BufferId::ExpertOut;
   segment.dst = BufferId::CombineIn;
   segment.dest_rank = q;
@@ -214,18 +294,25 @@ TILEMOE_HOST_DEVICE inline void write_local_experts(const StepCounts& c, int r, 
   const int L = c.local_experts;
   for (int e = lane; e < L; e += lanes) out.experts.data[e] = LocalExpert{r * L + e, c.expert_row(r, e), c.expert_row(r, e + 1)};
 }
-TILEMOE_HOST_DEVICE inline bool finish_rank_plan(const StepCounts& c, int r, const PlanSize& size, bool rows_fit, PlanTables& out) {
+TILEMOE_HOST_DEVICE inline bool finish_rank_plan(const StepCounts& c, const SequentialShape& s, const PlanSize& size, bool rows_fit,
+                                                  PlanTables& out) {
+  const int r = s.rank;
   if (!finish_plan(out, size, rows_fit)) return false;
   out.header.expert_rows = c.expert_rows(r);
   out.header.combine_rows = c.offset_of(r, c.experts);
+  out.header.received_rows = once_per_rank(s) ? c.received_rows(r) : 0;
   return true;
 }
 
 // Wait `w` of the plan (see SequentialSummary).
-TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const SequentialSummary& m, int rank, std::uint32_t w) {
-  const int W = c.world, L = c.local_experts;
+TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const SequentialShape& s, const SequentialSummary& m,
+                                                    std::uint32_t w) {
+  const int W = c.world, L = c.local_experts, rank = s.rank;
   const auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
-  if (w < u(W)) return FlagWait{w, u(L), static_cast<std::int32_t>(w)};
+  if (w < u(W)) return source_rows_wait(c, s, static_cast<int>(w));
+  if (w >= m.received_wait_begin) {
+    return received_wait(c, rank, static_cast<int>(w - m.received_wait_begin), [W](int, int q) { return sequential_received_flag(W, q); });
+  }
   if (w >= m.combine_wait_begin) {
     const int d = static_cast<int>(w - m.combine_wait_begin);
     return FlagWait{u(W + 2 + d), u(L), d};
@@ -241,9 +328,9 @@ TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const S
 TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, const SequentialShape& s, const int* tile_first,
                                                           PlanTables& out, int lane = 0, int lanes = 1) {
   const int W = c.world, L = c.local_experts, r = s.rank;
-  const SequentialSummary m = summarize_sequential(c, tile_first);
+  const SequentialSummary m = summarize_sequential(c, s, tile_first);
   const std::int64_t tiles = m.layer_tiles[0] + m.layer_tiles[1];
-  const std::int64_t segments = 2LL * W * L;
+  const std::int64_t segments = dispatch_segment_count(W, L, s.dispatch) + 1LL * W * L;
   const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
   const PlanSize size = plan_size(out, L, m.waits, tiles, segments, combines);
   const bool* fits = size.fits;
@@ -271,13 +358,13 @@ TILEMOE_HOST_DEVICE inline void compile_sequential_tables(const StepCounts& c, c
   }
   if (fits[kWaitsTable]) {
     for (std::uint32_t w = static_cast<std::uint32_t>(lane); w < m.waits; w += static_cast<std::uint32_t>(lanes)) {
-      out.waits.data[w] = sequential_wait(c, m, r, w);
+      out.waits.data[w] = sequential_wait(c, s, m, w);
     }
   }
   write_local_experts(c, r, size, out, lane, lanes);
-  if (lane != 0 || !finish_rank_plan(c, r, size, rows_fit, out)) return;
+  if (lane != 0 || !finish_rank_plan(c, s, size, rows_fit, out)) return;
   PlanHeader& h = out.header;
-  h.flag_count = sequential_flag_count(W);
+  h.flag_count = sequential_flag_count(W, s.dispatch);
   h.layer_tiles[0] = static_cast<std::uint32_t>(m.layer_tiles[0]);
   h.layer_tiles[1] = static_cast<std::uint32_t>(m.layer_tiles[1]);
 }

@@ -22,6 +22,7 @@ std::vector<StepPlan> compile_tile_signal(const EpWorld& world, const std::vecto
   tiling.gemm.cluster = cuda::PlannedCluster::N2;
   tiling.gemm.band_block[1] = options.tile_signal.band_block;
   tiling.gemm.combine_tokens = options.combine_tokens;
+  tiling.gemm.dispatch = options.dispatch;
   tiling.bands_per_segment = cpu_bands_per_segment(options.tile_signal);
   return compile_tile_signal_at(world, routing, options, tiling);
 }
@@ -49,7 +50,7 @@ std::vector<StepPlan> compile_tile_signal_at(const EpWorld& world, const std::ve
     tile_signal_prefix(view, shape.gemm, prefix.data());
     compile_tile_signal_tables(view, shape, prefix.data(), tables.view());
     copy_plan_tables(tables.view(), plan);
-    add_token_tables(plan, routing[static_cast<std::size_t>(rank)], view);
+    add_token_tables(plan, routing, view, shape.gemm.dispatch);
   }
   return plans;
 }

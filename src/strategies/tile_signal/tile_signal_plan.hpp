@@ -13,12 +13,14 @@
 // bands and ships its rows back, a piece per source rank, each row raising its own arrival flag
 // at the owner. An owner combines a token chunk as soon as the rows it reads have landed.
 //
-// Flags of rank r: [0, W) the dispatch arrivals from sender p, W the GEMM0 tiles, [W + 1,
-// W + 1 + B_r) one per band of r's rows in row order (a GPU GEMM raises them at an offset the
-// layer knows: W + 1), then one per CombineIn row (row_arrival_flag = W + 1 + B_r; a sender
-// finds B_q from the counts).
-// Waits: [0, W) one per sender, W all of GEMM0 (if r has rows), then one per band in the
-// remote-first order (a segment's bands are consecutive waits).
+// Flags of rank r: [0, W) the rows from source q are in ExpertIn (as sequential's), W the GEMM0
+// tiles, [W + 1, W + 1 + B_r) one per band of r's rows in row order (a GPU GEMM raises them at an
+// offset the layer knows: W + 1), then one per CombineIn row (row_arrival_flag = W + 1 + B_r; a
+// sender finds B_q from the counts), then with a dispatch once per rank W more: q's rows have
+// arrived in Received.
+// Waits: [0, W) one per source, W all of GEMM0 (if r has rows), then one per band in the
+// remote-first order (a segment's bands are consecutive waits), then the dispatch's own
+// (received_wait_count).
 //
 // Where a band stands in the remote-first order is a closed form: the bands of expert e that
 // hold only this rank's rows are one run [lo, hi) of its bands (its rows are grouped by source),
@@ -94,6 +96,10 @@ TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_band_flag(int world) { retu
 TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_row_arrival_flag(const StepCounts& c, int q, int tile_m) {
   return tile_signal_band_flag(c.world) + static_cast<std::uint32_t>(bands_of_rank(c, q, tile_m));
 }
+// Rank d's flag that source q's Received rows raise (a dispatch once per rank).
+TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_received_flag(const StepCounts& c, int d, int q, int tile_m) {
+  return tile_signal_row_arrival_flag(c, d, tile_m) + static_cast<std::uint32_t>(c.offset_of(d, c.experts) + q);
+}
 
 // What the tables are indexed by, from the prefix sums (O(1) per thread).
 struct TileSignalSummary {
@@ -101,22 +107,31 @@ struct TileSignalSummary {
   int pairs = 0;               // GEMM1 column pairs
   int bands = 0, remote_bands = 0;
   std::uint32_t row_arrival_flag = 0, band_flag = 0, flag_count = 0;
-  std::uint32_t band_wait = 0, waits = 0;
+  std::uint32_t band_wait = 0, received_wait = 0, waits = 0;
 };
 
 TILEMOE_HOST_DEVICE inline TileSignalSummary summarize_tile_signal(const StepCounts& c, const SequentialShape& s, const int* prefix) {
   const int W = c.world, L = c.local_experts;
   TileSignalSummary m;
-  m.seq = summarize_sequential(c, prefix);
+  m.seq = summarize_sequential(c, s, prefix);
   m.pairs = tile_signal_pairs(s);
   m.bands = prefix[(L + 2) + L] / (2 * m.pairs);
   m.remote_bands = prefix[sequential_prefix_size(L) + L] / m.pairs;
   m.band_flag = tile_signal_band_flag(W);
   m.row_arrival_flag = m.band_flag + static_cast<std::uint32_t>(m.bands);
-  m.flag_count = m.row_arrival_flag + static_cast<std::uint32_t>(c.offset_of(s.rank, c.experts));
+  m.flag_count = m.row_arrival_flag + static_cast<std::uint32_t>(c.offset_of(s.rank, c.experts)) +
+                 (once_per_rank(s) ? static_cast<std::uint32_t>(W) : 0u);
   m.band_wait = static_cast<std::uint32_t>(W) + (m.seq.real_tiles[0] > 0 ? 1u : 0u);
-  m.waits = m.band_wait + static_cast<std::uint32_t>(m.bands);
+  m.received_wait = m.band_wait + static_cast<std::uint32_t>(m.bands);
+  m.waits = m.received_wait + static_cast<std::uint32_t>(received_wait_count(W, s.dispatch));
   return m;
+}
+
+// Dispatch segment `j` of the plan (dispatch_segment, with this strategy's flags and waits).
+TILEMOE_HOST_DEVICE inline Segment tile_signal_dispatch_segment(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
+                                                                int j) {
+  const int tm = static_cast<int>(s.tile_m);
+  return dispatch_segment(c, s, j, [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); }, m.received_wait);
 }
 
 // A band of rank s.rank's rows: expert e's band m, numbered `id` in row order across experts.
@@ -220,10 +235,13 @@ TILEMOE_HOST_DEVICE inline Segment tile_signal_piece(const StepCounts& c, const 
 // Wait `w` of the plan.
 TILEMOE_HOST_DEVICE inline FlagWait tile_signal_wait(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
                                                      const int* prefix, std::uint32_t w) {
-  const int W = c.world, L = c.local_experts;
+  const int W = c.world, tm = static_cast<int>(s.tile_m);
   const auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
-  if (w < u(W)) return FlagWait{w, u(L), static_cast<std::int32_t>(w)};
+  if (w < u(W)) return source_rows_wait(c, s, static_cast<int>(w));
   if (w < m.band_wait) return FlagWait{u(W), u(m.seq.real_tiles[0]), s.rank};
+  if (w >= m.received_wait) {
+    return received_wait(c, s.rank, static_cast<int>(w - m.received_wait), [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); });
+  }
   const PlanBand band = tile_signal_band(c, s, m, prefix, static_cast<int>(w - m.band_wait));
   return FlagWait{m.band_flag + u(band.id), u(sequential_column_tiles(s, 1)), s.rank};
 }
@@ -232,10 +250,10 @@ TILEMOE_HOST_DEVICE inline FlagWait tile_signal_wait(const StepCounts& c, const 
 TILEMOE_HOST_DEVICE inline std::int64_t tile_signal_max_bands(std::int64_t max_rows, int local_experts, std::int64_t tile_m) {
   return max_rows / tile_m + local_experts;
 }
-// Where the pieces start in the segments table (after the dispatch's W x L segments); the
-// pieces of bands_per_segment consecutive bands (x W) share their waits.
-TILEMOE_HOST_DEVICE inline int tile_signal_first_piece(int world, int local_experts) {
-  return dispatch_segment_count(world, local_experts);
+// Where the pieces start in the segments table (after the dispatch's segments); the pieces of
+// bands_per_segment consecutive bands (x W) share their waits.
+TILEMOE_HOST_DEVICE inline int tile_signal_first_piece(int world, int local_experts, DispatchVolume dispatch) {
+  return dispatch_segment_count(world, local_experts, dispatch);
 }
 
 // Room for any step (as sequential_capacity): the band waits and each band's W pieces besides.
@@ -245,8 +263,9 @@ inline PlanCapacity tile_signal_capacity(int world, int local_experts, std::int6
   const std::int64_t tiles = (max_rows / shape.tile_m + 2LL * local_experts) *
                              (sequential_column_tiles(shape, 0) + 1 + sequential_column_tiles(shape, 1) + 1);
   const std::int64_t combines = ceil_div64(max_tokens, shape.combine_tokens);
-  const std::int64_t segments = 1LL * world * local_experts + bands * world;
-  return checked_capacity({local_experts, world + 1 + bands, tiles, segments, combines, tiles + combines, segments});
+  const std::int64_t segments = dispatch_segment_count(world, local_experts, shape.dispatch) + bands * world;
+  const std::int64_t waits = world + 1 + bands + received_wait_count(world, shape.dispatch);
+  return checked_capacity({local_experts, waits, tiles, segments, combines, tiles + combines, segments});
 }
 
 // Lane `lane` of `lanes` writes entries lane, lane + lanes, ... of every table (as
@@ -257,7 +276,7 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
   const int W = c.world, L = c.local_experts, r = s.rank;
   const TileSignalSummary m = summarize_tile_signal(c, s, prefix);
   const std::int64_t gemm0 = m.seq.layer_tiles[0], tiles = gemm0 + m.seq.layer_tiles[1];
-  const std::int64_t dispatch = tile_signal_first_piece(W, L), segments = dispatch + 1LL * m.bands * W;
+  const std::int64_t dispatch = tile_signal_first_piece(W, L, s.dispatch), segments = dispatch + 1LL * m.bands * W;
   const std::int64_t combines = ceil_div64(s.tokens, s.combine_tokens);
   const PlanSize size = plan_size(out, L, m.waits, tiles, segments, combines);
   const bool* fits = size.fits;
@@ -284,7 +303,7 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
   }
   if (rows_fit && fits[kSegmentsTable] && fits[kCommQueueTable]) {
     for (std::int64_t j = lane; j < segments; j += lanes) {
-      out.segments.data[j] = j < dispatch ? sequential_segment(c, s, m.seq, static_cast<int>(j))
+      out.segments.data[j] = j < dispatch ? tile_signal_dispatch_segment(c, s, m, static_cast<int>(j))
                                           : tile_signal_piece(c, s, m, prefix, shape.bands_per_segment,
                                                               static_cast<int>((j - dispatch) / W), static_cast<int>((j - dispatch) % W));
       out.comm_queue.data[j] = TaskRef{TaskKind::Segment, static_cast<std::uint32_t>(j)};
@@ -296,7 +315,7 @@ TILEMOE_HOST_DEVICE inline void compile_tile_signal_tables(const StepCounts& c, 
     }
   }
   write_local_experts(c, r, size, out, lane, lanes);
-  if (lane != 0 || !finish_rank_plan(c, r, size, rows_fit, out)) return;
+  if (lane != 0 || !finish_rank_plan(c, s, size, rows_fit, out)) return;
   PlanHeader& h = out.header;
   h.flag_count = m.flag_count;
   h.row_arrival_flag = m.row_arrival_flag;
