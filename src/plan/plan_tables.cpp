@@ -241,7 +241,8 @@ HostStepCounts routing_counts(const std::vector<Routing>& routing, int experts) 
   return HostStepCounts(std::move(counts), world, experts, std::move(rank_tokens));
 }
 
-void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch) {
+void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch,
+                      DispatchOrder order) {
   const int rank = plan.rank, world = counts.world, L = counts.local_experts;
   const Routing& own = routing[static_cast<std::size_t>(rank)];
   std::vector<std::int64_t> next(static_cast<std::size_t>(counts.experts));
@@ -276,7 +277,7 @@ void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const
     const Routing& r = routing[static_cast<std::size_t>(q)];
     const auto& list = lists[static_cast<std::size_t>(q)][static_cast<std::size_t>(rank)];
     std::vector<std::int64_t> block(static_cast<std::size_t>(L));
-    for (int e = 0; e < L; ++e) block[static_cast<std::size_t>(e)] = counts.block_row(rank, e, q);
+    for (int e = 0; e < L; ++e) block[static_cast<std::size_t>(e)] = dispatch_block_row(counts, order, rank, e, q);
     for (std::size_t i = 0; i < list.size(); ++i) {
       for (std::int64_t j = 0; j < r.top_k; ++j) {
         const std::size_t s = r.slot(list[i], j);

@@ -69,6 +69,7 @@ std::vector<std::vector<std::vector<std::int64_t>>> rank_send_lists(const std::v
 // ExpertIn row of another rank's token, the Received row it is placed from; combine_source_row
 // (each kept slot's row in the permuted order, which is where its expert output comes back) and
 // combine_weight.
-void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch);
+void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch,
+                      DispatchOrder order = DispatchOrder::Ascending);
 
 }  // namespace tilemoe::plan_detail

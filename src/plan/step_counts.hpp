@@ -8,7 +8,8 @@
 //    expert ascending, the rank's tokens ascending inside an expert; `offset(q, x)` is rank q's
 //    first row of global expert x;
 //  - a rank's ExpertIn: local expert ascending, and inside an expert the source ranks
-//    ascending; `block_row(d, e, q)` is where source q's rows of rank d's local expert e start;
+//    ascending; `block_row(d, e, q)` is where source q's rows of rank d's local expert e start
+//    (comet's: the sources in ring order from d, d itself first, `ring_block_row`);
 //  - with a dispatch once per destination rank (DispatchVolume::OncePerRank), rank d's Received:
 //    source block after source block, ascending, each source's tokens ascending; rank q sends
 //    d `tokens_to(q, d)` rows, one per token that chose any of d's experts (none to itself:
@@ -64,6 +65,12 @@ struct StepCounts {
     return row;
   }
   TILEMOE_HOST_DEVICE int placement_begin(int q) const { return send_list_row(q, world); }
+  // The same with d's sources in ring order: d, d + 1, ..., d - 1.
+  TILEMOE_HOST_DEVICE int ring_block_row(int d, int e, int q) const {
+    int row = expert_row(d, e);
+    for (int p = d; p != q; p = (p + 1) % world) row += count(p, d * local_experts + e);
+    return row;
+  }
   // How many local experts of rank `d` hold rows of source `q`: the segments q sends d in a
   // dispatch, and d sends back to q in a combine.
   TILEMOE_HOST_DEVICE int groups_from(int q, int d) const {
@@ -72,6 +79,37 @@ struct StepCounts {
     return groups;
   }
 };
+
+// How a strategy lays out each expert's rows in ExpertIn, and the order its dispatch sends in.
+enum class DispatchOrder : std::uint8_t {
+  // sources ascending (block_row); rank r sends to r, r + 1, ... (sequential, tile_signal)
+  Ascending,
+  // sources in ring order from the expert rank, itself first (ring_block_row); rank r sends to
+  // r, r - 1, ..., so that rank r + i's rows land i-th (comet)
+  Ring,
+};
+TILEMOE_HOST_DEVICE inline int dispatch_block_row(const StepCounts& c, DispatchOrder order, int d, int e, int q) {
+  return order == DispatchOrder::Ring ? c.ring_block_row(d, e, q) : c.block_row(d, e, q);
+}
+// The destination of rank r's step-th send, and the source whose rows land step-th at rank r.
+TILEMOE_HOST_DEVICE inline int dispatch_destination(DispatchOrder order, int r, int step, int world) {
+  return order == DispatchOrder::Ring ? (r - step % world + world) % world : (r + step) % world;
+}
+TILEMOE_HOST_DEVICE inline int dispatch_arrival(DispatchOrder order, int r, int step, int world) {
+  return dispatch_destination(order == DispatchOrder::Ring ? DispatchOrder::Ascending : DispatchOrder::Ring, r, step, world);
+}
+
+// The last entry e of [0, experts) with value(e) <= index, where value is a prefix sum (entries
+// with nothing share their successor's value): which expert, band or group an index falls in.
+template <typename Value>
+TILEMOE_HOST_DEVICE inline int expert_at(int experts, int index, Value value) {
+  int lo = 0, hi = experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (value(mid) <= index) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
 
 // Fills `offset` [world][experts + 1] and `rank_row` [world][local_experts + 1] from
 // `counts` [world][experts] (count of rank q's rows for global expert x), on one thread (the
@@ -113,16 +151,18 @@ TILEMOE_HOST_DEVICE inline void clear_plan(PlanTables& plan) {
 TILEMOE_HOST_DEVICE inline std::int64_t ceil_div64(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // The entries a compiler writes into each table of `out` (the compute queue holds the tiles and
-// then the combines, the comm queue the segments), and which tables have room for them: a
+// then the combines, the comm queue the segments; with `combines_on_comm` the compute queue the
+// tiles and the comm queue the segments and the combines), and which tables have room for them: a
 // table without room is written by no lane.
 struct PlanSize {
   std::int64_t entries[kPlanTableCount] = {};
   bool fits[kPlanTableCount] = {};
 };
 TILEMOE_HOST_DEVICE inline PlanSize plan_size(const PlanTables& out, std::int64_t experts, std::int64_t waits, std::int64_t tiles,
-                                              std::int64_t segments, std::int64_t combines) {
+                                              std::int64_t segments, std::int64_t combines, bool combines_on_comm = false) {
   PlanSize size;
-  const std::int64_t entries[kPlanTableCount] = {experts, waits, tiles, segments, combines, tiles + combines, segments};
+  const std::int64_t compute = combines_on_comm ? tiles : tiles + combines, comm = combines_on_comm ? segments + combines : segments;
+  const std::int64_t entries[kPlanTableCount] = {experts, waits, tiles, segments, combines, compute, comm};
   const std::uint32_t room[kPlanTableCount] = {out.experts.capacity,  out.waits.capacity,         out.tiles.capacity,
                                                out.segments.capacity, out.combines.capacity,      out.compute_queue.capacity,
                                                out.comm_queue.capacity};

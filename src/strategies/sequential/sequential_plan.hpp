@@ -186,27 +186,27 @@ TILEMOE_HOST_DEVICE inline GemmTile sequential_tile(const StepCounts& c, const S
 // source q's Received rows raise, `received_wait_begin` where this rank's waits for them start
 // (both OncePerRank only: each strategy numbers its own).
 template <typename ReceivedFlag>
-TILEMOE_HOST_DEVICE inline Segment dispatch_segment(const StepCounts& c, const SequentialShape& s, int j, ReceivedFlag received_flag,
-                                                    std::uint32_t received_wait_begin) {
+TILEMOE_HOST_DEVICE inline Segment dispatch_segment(const StepCounts& c, const SequentialShape& s, DispatchOrder order, int j,
+                                                    ReceivedFlag received_flag, std::uint32_t received_wait_begin) {
   const int W = c.world, L = c.local_experts, r = s.rank;
   Segment segment;
   segment.col_begin = 0;
   segment.col_end = s.hidden;
   const bool once = once_per_rank(s);
   if (!once || j < L) {  // this rank's permuted rows of (destination d, its local expert e)
-    const int d = (r + j / L) % W, e = j % L;
+    const int d = dispatch_destination(order, r, j / L, W), e = j % L;
     segment.src = BufferId::Input;
     segment.dst = BufferId::ExpertIn;
     segment.dest_rank = d;
     segment.rows = c.count(r, d * L + e);
     segment.gather_begin = static_cast<std::uint32_t>(c.offset_of(r, d * L + e));
     segment.gather_count = static_cast<std::uint32_t>(segment.rows);
-    segment.dst_row = c.block_row(d, e, r);
+    segment.dst_row = dispatch_block_row(c, order, d, e, r);
     segment.dest_flag = r;
     return segment;
   }
   if (j < L + W - 1) {  // this rank's tokens for any expert of d, once each, into d's Received
-    const int d = (r + 1 + (j - L)) % W;
+    const int d = dispatch_destination(order, r, 1 + (j - L), W);
     segment.src = BufferId::Input;
     segment.dst = BufferId::Received;
     segment.dest_rank = d;
@@ -218,12 +218,12 @@ TILEMOE_HOST_DEVICE inline Segment dispatch_segment(const StepCounts& c, const S
     return segment;
   }
   // source q's rows of local expert e, placed from Received once q's rows are in
-  const int i = (j - L - (W - 1)) / L, e = (j - L - (W - 1)) % L, q = (r - 1 - i + W) % W;
+  const int i = (j - L - (W - 1)) / L, e = (j - L - (W - 1)) % L, q = dispatch_arrival(order, r, 1 + i, W);
   segment.src = BufferId::Received;
   segment.dst = BufferId::ExpertIn;
   segment.dest_rank = r;
   segment.rows = c.count(q, r * L + e);
-  segment.dst_row = c.block_row(r, e, q);
+  segment.dst_row = dispatch_block_row(c, order, r, e, q);
   segment.gather_begin = static_cast<std::uint32_t>(c.placement_begin(r) + segment.dst_row);
   segment.gather_count = static_cast<std::uint32_t>(segment.rows);
   segment.wait_begin = received_wait_begin + static_cast<std::uint32_t>(i);
@@ -231,10 +231,11 @@ TILEMOE_HOST_DEVICE inline Segment dispatch_segment(const StepCounts& c, const S
   segment.dest_flag = q;
   return segment;
 }
-// Wait `received_wait_begin + i` of a OncePerRank plan: source q = r - 1 - i's Received rows.
+// Wait `received_wait_begin + i` of a OncePerRank plan: the Received rows of the source that lands
+// (i + 1)-th.
 template <typename ReceivedFlag>
-TILEMOE_HOST_DEVICE inline FlagWait received_wait(const StepCounts& c, int rank, int i, ReceivedFlag received_flag) {
-  const int q = (rank - 1 - i + c.world) % c.world;
+TILEMOE_HOST_DEVICE inline FlagWait received_wait(const StepCounts& c, DispatchOrder order, int rank, int i, ReceivedFlag received_flag) {
+  const int q = dispatch_arrival(order, rank, 1 + i, c.world);
   return FlagWait{received_flag(rank, q), 1u, q};
 }
 // Wait `q` of [0, W) (every strategy's first waits): the rows from source q are in ExpertIn.
@@ -249,7 +250,8 @@ TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const
   const int W = c.world, L = c.local_experts, r = s.rank;
   const int dispatch = dispatch_segment_count(W, L, s.dispatch);
   if (j < dispatch) {
-    return dispatch_segment(c, s, j, [W](int, int q) { return sequential_received_flag(W, q); }, m.received_wait_begin);
+    return dispatch_segment(c, s, DispatchOrder::Ascending, j, [W](int, int q) { return sequential_received_flag(W, q); },
+                            m.received_wait_begin);
   }
   Segment segment;
   segment.col_begin = 0;
@@ -311,7 +313,8 @@ TILEMOE_HOST_DEVICE inline FlagWait sequential_wait(const StepCounts& c, const S
   const auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
   if (w < u(W)) return source_rows_wait(c, s, static_cast<int>(w));
   if (w >= m.received_wait_begin) {
-    return received_wait(c, rank, static_cast<int>(w - m.received_wait_begin), [W](int, int q) { return sequential_received_flag(W, q); });
+    return received_wait(c, DispatchOrder::Ascending, rank, static_cast<int>(w - m.received_wait_begin),
+                         [W](int, int q) { return sequential_received_flag(W, q); });
   }
   if (w >= m.combine_wait_begin) {
     const int d = static_cast<int>(w - m.combine_wait_begin);

@@ -75,17 +75,6 @@ inline void tile_signal_prefix(const StepCounts& c, const SequentialShape& s, in
   remote[c.local_experts] = running;
 }
 
-// The last expert e with value(e) <= index (experts with nothing share their successor's value).
-template <typename Value>
-TILEMOE_HOST_DEVICE inline int expert_at(int experts, int index, Value value) {
-  int lo = 0, hi = experts - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (value(mid) <= index) lo = mid; else hi = mid - 1;
-  }
-  return lo;
-}
-
 // The bands of rank q's rows (O(L): the senders of pieces to q need q's row arrival flags).
 TILEMOE_HOST_DEVICE inline int bands_of_rank(const StepCounts& c, int q, int tile_m) {
   int bands = 0;
@@ -131,7 +120,8 @@ TILEMOE_HOST_DEVICE inline TileSignalSummary summarize_tile_signal(const StepCou
 TILEMOE_HOST_DEVICE inline Segment tile_signal_dispatch_segment(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
                                                                 int j) {
   const int tm = static_cast<int>(s.tile_m);
-  return dispatch_segment(c, s, j, [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); }, m.received_wait);
+  return dispatch_segment(c, s, DispatchOrder::Ascending, j, [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); },
+                          m.received_wait);
 }
 
 // A band of rank s.rank's rows: expert e's band m, numbered `id` in row order across experts.
@@ -240,7 +230,8 @@ TILEMOE_HOST_DEVICE inline FlagWait tile_signal_wait(const StepCounts& c, const 
   if (w < u(W)) return source_rows_wait(c, s, static_cast<int>(w));
   if (w < m.band_wait) return FlagWait{u(W), u(m.seq.real_tiles[0]), s.rank};
   if (w >= m.received_wait) {
-    return received_wait(c, s.rank, static_cast<int>(w - m.received_wait), [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); });
+    return received_wait(c, DispatchOrder::Ascending, s.rank, static_cast<int>(w - m.received_wait),
+                         [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); });
   }
   const PlanBand band = tile_signal_band(c, s, m, prefix, static_cast<int>(w - m.band_wait));
   return FlagWait{m.band_flag + u(band.id), u(sequential_column_tiles(s, 1)), s.rank};
