@@ -332,7 +332,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     // corrupted wait of harness.unsignalled_band_wait)
     const std::int64_t band_room = plan_detail::tile_signal_max_bands(layout.receive_capacity, local_experts, kPlannedTileM) + 1;
     band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
-    unsignalled_flag = static_cast<int>(plan_detail::tile_signal_band_flag(world) + band_room - 1);
+    unsignalled_flag = static_cast<int>(plan_detail::tile_signal_band_flag(world, plan_detail::kGpuDispatchVolume) + band_room - 1);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
     consumer = t.stream(RankStream::Consumer);  // high priority
     // ranks sharing SMs: the grid of the combine send it replaces, which fits beside every
@@ -643,7 +643,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       m.host_dispatch(stream, T);
     }
     const bool overlap = m.options.strategy == Strategy::TileSignal;
-    const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts, DispatchVolume::RowPerExpert);
+    const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts, plan_detail::kGpuDispatchVolume);
     if (m.device_plan) {  // from the counts this step exchanged
       const int* counts = m.exchange_walks_plan ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
       const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
@@ -685,14 +685,14 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         ts.first_segment = dispatch_segments;  // the pieces follow the dispatch (tile_signal_plan.hpp)
         ts.segments_per_unit = m.schedule.bands_per_segment * m.world;
         ts.flags = m.band_flags.data();
-        ts.flag_offset = static_cast<int>(plan_detail::tile_signal_band_flag(m.world));
+        ts.flag_offset = static_cast<int>(plan_detail::tile_signal_band_flag(m.world, plan_detail::kGpuDispatchVolume));
         ts.ctas = m.schedule.consumer_ctas;
         ts.unit_times = m.unit_times.data();
         launch_band_consumer(m.consumer, view, ts);
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
       }
       m.ffn->run_gemm1(stream, m.local_row_offset.data(), bound, m.ffn_out(), overlap ? m.band_flags.data() : nullptr,
-                       static_cast<int>(plan_detail::tile_signal_band_flag(m.world)), m.tile_times.data());
+                       static_cast<int>(plan_detail::tile_signal_band_flag(m.world, plan_detail::kGpuDispatchVolume)), m.tile_times.data());
     } else {
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
@@ -808,7 +808,7 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   const StepPlan plan = m.download_plan(stream);
   const int N = m.world, L = m.local_experts;
   const bool overlap = m.options.strategy == Strategy::TileSignal;
-  const int first_piece = plan_detail::tile_signal_first_piece(N, L, DispatchVolume::RowPerExpert);
+  const int first_piece = plan_detail::tile_signal_first_piece(N, L, plan_detail::kGpuDispatchVolume);
   const std::size_t per = static_cast<std::size_t>(m.schedule.bands_per_segment * N);
   const std::size_t pieces = overlap ? plan.segments.size() - static_cast<std::size_t>(first_piece) : 0;
   const std::size_t units = (pieces + per - 1) / std::max<std::size_t>(per, 1);

@@ -23,10 +23,10 @@
 // the sequential combine's.
 //
 // Flags of rank r (B_r its bands, S the splits): [0, W) the rows of source q are in ExpertIn (as
-// sequential's: q's dispatch raises it, or with a dispatch once per rank r's placements),
-// [W, W + B_r) one per band in row order (its GEMM0 tiles), [W + B_r, + S) one per split (its
-// GEMM1 tiles), [W + B_r + S, + S W) split s has arrived from expert rank d (at + s W + d), then
-// with a dispatch once per rank W more: q's rows have arrived in Received.
+// sequential's: q's dispatch raises it, or with a dispatch once per rank r's placements), with a
+// dispatch once per rank [W, 2W) q's rows have arrived in Received, then from band_flag one per
+// band in row order (its GEMM0 tiles), one per split (its GEMM1 tiles), and S W: split s has
+// arrived from expert rank d (at + s W + d).
 // Waits: [0, W) one per source in ring order (a band's sources are a run of them), then one per
 // band (GEMM1's tiles of the band), one per split (its sends), one per (split, expert rank) (a
 // split's reductions wait for its W), then the dispatch's own (received_wait_count).
@@ -116,15 +116,16 @@ struct CometSummary {
   std::uint32_t band_flag = 0, split_flag = 0, arrival_flag = 0, flag_count = 0;
   std::uint32_t band_wait = 0, split_wait = 0, arrival_wait = 0, received_wait = 0, waits = 0;
 };
+TILEMOE_HOST_DEVICE inline std::uint32_t comet_band_flag(int world, DispatchVolume dispatch) {
+  return static_cast<std::uint32_t>(dispatch == DispatchVolume::OncePerRank ? 2 * world : world);
+}
 // Rank d's flag that split s from expert rank q raises (a sender finds d's bands from the counts, O(L)).
 TILEMOE_HOST_DEVICE inline std::uint32_t comet_arrival_flag(const StepCounts& c, const CometShape& s, int d, int split, int q) {
   int bands = 0;
   for (int e = 0; e < c.local_experts; ++e) bands += cuda::tile_ceil_div(c.local_rows(d, e), static_cast<int>(s.gemm.tile_m));
-  return static_cast<std::uint32_t>(c.world + bands + comet_splits(s) + split * c.world + q);
+  return comet_band_flag(c.world, s.gemm.dispatch) + static_cast<std::uint32_t>(bands + comet_splits(s) + split * c.world + q);
 }
-TILEMOE_HOST_DEVICE inline std::uint32_t comet_received_flag(const StepCounts& c, const CometShape& s, int d, int q) {
-  return comet_arrival_flag(c, s, d, comet_splits(s), 0) + static_cast<std::uint32_t>(q);
-}
+TILEMOE_HOST_DEVICE inline std::uint32_t comet_received_flag(int world, int q) { return static_cast<std::uint32_t>(world + q); }
 
 TILEMOE_HOST_DEVICE inline CometSummary summarize_comet(const StepCounts& c, const CometShape& s, CometPrefix x) {
   const int W = c.world, L = c.local_experts;
@@ -139,10 +140,10 @@ TILEMOE_HOST_DEVICE inline CometSummary summarize_comet(const StepCounts& c, con
   m.segments = m.dispatch + 1LL * m.splits * W * L;
   m.chunks = ceil_div64(s.gemm.tokens, s.gemm.combine_tokens);
   m.combines = m.chunks * m.splits;
-  m.band_flag = u(W);
+  m.band_flag = comet_band_flag(W, s.gemm.dispatch);
   m.split_flag = m.band_flag + u(m.bands);
   m.arrival_flag = m.split_flag + u(m.splits);
-  m.flag_count = m.arrival_flag + u(1LL * m.splits * W) + (once_per_rank(s.gemm) ? u(W) : 0u);
+  m.flag_count = m.arrival_flag + u(1LL * m.splits * W);
   m.band_wait = u(W);
   m.split_wait = m.band_wait + u(m.bands);
   m.arrival_wait = m.split_wait + u(m.splits);
@@ -228,8 +229,8 @@ TILEMOE_HOST_DEVICE inline GemmTile comet_tile(const StepCounts& c, const CometS
 TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const CometShape& s, const CometSummary& m, std::int64_t j) {
   const int W = c.world, L = c.local_experts, r = s.gemm.rank;
   if (j < m.dispatch) {
-    return dispatch_segment(c, s.gemm, DispatchOrder::Ring, static_cast<int>(j),
-                            [&c, &s](int d, int q) { return comet_received_flag(c, s, d, q); }, m.received_wait);
+    return dispatch_segment(c, s.gemm, DispatchOrder::Ring, static_cast<int>(j), [W](int, int q) { return comet_received_flag(W, q); },
+                            m.received_wait);
   }
   const std::int64_t k = j - m.dispatch;
   const int split = static_cast<int>(k / (1LL * W * L)), e = static_cast<int>(k / W % L), q = (r + static_cast<int>(k % W)) % W;
@@ -289,8 +290,7 @@ TILEMOE_HOST_DEVICE inline FlagWait comet_wait(const StepCounts& c, const CometS
   if (w < m.received_wait) {  // split (w - arrival_wait) / W from expert rank (w - arrival_wait) % W
     return FlagWait{m.arrival_flag + (w - m.arrival_wait), u(L), static_cast<std::int32_t>((w - m.arrival_wait) % u(W))};
   }
-  return received_wait(c, DispatchOrder::Ring, r, static_cast<int>(w - m.received_wait),
-                       [&c, &s](int d, int q) { return comet_received_flag(c, s, d, q); });
+  return received_wait(c, DispatchOrder::Ring, r, static_cast<int>(w - m.received_wait), [W](int, int q) { return comet_received_flag(W, q); });
 }
 
 // Room for any step of a layer whose ranks receive at most `max_rows` expert rows and own at most

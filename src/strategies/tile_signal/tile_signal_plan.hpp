@@ -14,10 +14,11 @@
 // at the owner. An owner combines a token chunk as soon as the rows it reads have landed.
 //
 // Flags of rank r: [0, W) the rows from source q are in ExpertIn (as sequential's), W the GEMM0
-// tiles, [W + 1, W + 1 + B_r) one per band of r's rows in row order (a GPU GEMM raises them at an
-// offset the layer knows: W + 1), then one per CombineIn row (row_arrival_flag = W + 1 + B_r; a
-// sender finds B_q from the counts), then with a dispatch once per rank W more: q's rows have
-// arrived in Received.
+// tiles, with a dispatch once per rank [W + 1, 2W + 1) q's rows have arrived in Received, then
+// one per band of r's rows in row order from band_flag (W + 1, or 2W + 1 with a dispatch once
+// per rank: a GPU GEMM raises them at an offset the layer knows), then one per CombineIn row
+// (row_arrival_flag = band_flag + B_r; a sender finds B_q from the counts). Every flag that a
+// segment raises at a peer but the rows' arrival flags is below 2W + 1, whatever the routing.
 // Waits: [0, W) one per source, W all of GEMM0 (if r has rows), then one per band in the
 // remote-first order (a segment's bands are consecutive waits), then the dispatch's own
 // (received_wait_count).
@@ -81,14 +82,14 @@ TILEMOE_HOST_DEVICE inline int bands_of_rank(const StepCounts& c, int q, int til
   for (int e = 0; e < c.local_experts; ++e) bands += cuda::tile_ceil_div(c.local_rows(q, e), tile_m);
   return bands;
 }
-TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_band_flag(int world) { return static_cast<std::uint32_t>(world + 1); }
-TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_row_arrival_flag(const StepCounts& c, int q, int tile_m) {
-  return tile_signal_band_flag(c.world) + static_cast<std::uint32_t>(bands_of_rank(c, q, tile_m));
+TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_band_flag(int world, DispatchVolume dispatch) {
+  return static_cast<std::uint32_t>(world + 1 + (dispatch == DispatchVolume::OncePerRank ? world : 0));
+}
+TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_row_arrival_flag(const StepCounts& c, const SequentialShape& s, int q) {
+  return tile_signal_band_flag(c.world, s.dispatch) + static_cast<std::uint32_t>(bands_of_rank(c, q, static_cast<int>(s.tile_m)));
 }
 // Rank d's flag that source q's Received rows raise (a dispatch once per rank).
-TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_received_flag(const StepCounts& c, int d, int q, int tile_m) {
-  return tile_signal_row_arrival_flag(c, d, tile_m) + static_cast<std::uint32_t>(c.offset_of(d, c.experts) + q);
-}
+TILEMOE_HOST_DEVICE inline std::uint32_t tile_signal_received_flag(int world, int q) { return static_cast<std::uint32_t>(world + 1 + q); }
 
 // What the tables are indexed by, from the prefix sums (O(1) per thread).
 struct TileSignalSummary {
@@ -106,10 +107,9 @@ TILEMOE_HOST_DEVICE inline TileSignalSummary summarize_tile_signal(const StepCou
   m.pairs = tile_signal_pairs(s);
   m.bands = prefix[(L + 2) + L] / (2 * m.pairs);
   m.remote_bands = prefix[sequential_prefix_size(L) + L] / m.pairs;
-  m.band_flag = tile_signal_band_flag(W);
+  m.band_flag = tile_signal_band_flag(W, s.dispatch);
   m.row_arrival_flag = m.band_flag + static_cast<std::uint32_t>(m.bands);
-  m.flag_count = m.row_arrival_flag + static_cast<std::uint32_t>(c.offset_of(s.rank, c.experts)) +
-                 (once_per_rank(s) ? static_cast<std::uint32_t>(W) : 0u);
+  m.flag_count = m.row_arrival_flag + static_cast<std::uint32_t>(c.offset_of(s.rank, c.experts));
   m.band_wait = static_cast<std::uint32_t>(W) + (m.seq.real_tiles[0] > 0 ? 1u : 0u);
   m.received_wait = m.band_wait + static_cast<std::uint32_t>(m.bands);
   m.waits = m.received_wait + static_cast<std::uint32_t>(received_wait_count(W, s.dispatch));
@@ -119,9 +119,8 @@ TILEMOE_HOST_DEVICE inline TileSignalSummary summarize_tile_signal(const StepCou
 // Dispatch segment `j` of the plan (dispatch_segment, with this strategy's flags and waits).
 TILEMOE_HOST_DEVICE inline Segment tile_signal_dispatch_segment(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
                                                                 int j) {
-  const int tm = static_cast<int>(s.tile_m);
-  return dispatch_segment(c, s, DispatchOrder::Ascending, j, [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); },
-                          m.received_wait);
+  const int W = c.world;
+  return dispatch_segment(c, s, DispatchOrder::Ascending, j, [W](int, int q) { return tile_signal_received_flag(W, q); }, m.received_wait);
 }
 
 // A band of rank s.rank's rows: expert e's band m, numbered `id` in row order across experts.
@@ -217,7 +216,7 @@ TILEMOE_HOST_DEVICE inline Segment tile_signal_piece(const StepCounts& c, const 
   const int first = b - b % bands_per_segment;
   segment.wait_begin = m.band_wait + static_cast<std::uint32_t>(first);
   segment.wait_count = static_cast<std::uint32_t>(m.bands - first < bands_per_segment ? m.bands - first : bands_per_segment);
-  segment.dest_flag = static_cast<std::int32_t>(tile_signal_row_arrival_flag(c, q, static_cast<int>(s.tile_m)) + segment.dst_row);
+  segment.dest_flag = static_cast<std::int32_t>(tile_signal_row_arrival_flag(c, s, q) + segment.dst_row);
   segment.flag_per_row = 1;
   return segment;
 }
@@ -225,13 +224,13 @@ TILEMOE_HOST_DEVICE inline Segment tile_signal_piece(const StepCounts& c, const 
 // Wait `w` of the plan.
 TILEMOE_HOST_DEVICE inline FlagWait tile_signal_wait(const StepCounts& c, const SequentialShape& s, const TileSignalSummary& m,
                                                      const int* prefix, std::uint32_t w) {
-  const int W = c.world, tm = static_cast<int>(s.tile_m);
+  const int W = c.world;
   const auto u = [](std::int64_t v) { return static_cast<std::uint32_t>(v); };
   if (w < u(W)) return source_rows_wait(c, s, static_cast<int>(w));
   if (w < m.band_wait) return FlagWait{u(W), u(m.seq.real_tiles[0]), s.rank};
   if (w >= m.received_wait) {
     return received_wait(c, DispatchOrder::Ascending, s.rank, static_cast<int>(w - m.received_wait),
-                         [&c, tm](int d, int q) { return tile_signal_received_flag(c, d, q, tm); });
+                         [W](int, int q) { return tile_signal_received_flag(W, q); });
   }
   const PlanBand band = tile_signal_band(c, s, m, prefix, static_cast<int>(w - m.band_wait));
   return FlagWait{m.band_flag + u(band.id), u(sequential_column_tiles(s, 1)), s.rank};
