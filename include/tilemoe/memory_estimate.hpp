@@ -15,7 +15,7 @@ struct StepMemory {
   std::uint64_t data = 0;        // inputs, router logits, routing, and the files they came from
   std::uint64_t weights = 0;     // expert weights, held as fp32 ([E][hidden][ffn] per matrix)
   std::uint64_t references = 0;  // the dense reference's outputs and the fp64 reference
-  std::uint64_t executor = 0;    // one strategy's run: every rank's six row buffers, plan tables
+  std::uint64_t executor = 0;    // one strategy's run: every rank's row buffers, plan tables
   std::uint64_t results = 0;     // the outputs and plans kept per strategy for the report
   std::uint64_t total() const;   // saturates at 2^64 - 1 rather than wrap
   std::string describe() const;  // "2.1 GiB (data 1.0 GiB, weights ...)"

@@ -2,7 +2,7 @@
 // StepPlan: one MoE step of one rank, as flat tables of plain structs.
 //
 // Strategies (src/plan/*) decide; executors obey. A plan names
-//  - six row buffers per rank (see BufferId) and how many rows each needs;
+//  - seven row buffers per rank (see BufferId) and how many rows each needs;
 //  - tasks of four kinds: GEMM0 tiles, GEMM1 tiles, segments (row copies, possibly to a peer)
 //    and combine tasks (the top-k weighted sum of a token range and column range);
 //  - for every task the flags it waits for (flag id, expected count, the rank that signals it)
