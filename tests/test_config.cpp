@@ -3,6 +3,7 @@
 
 #include "tilemoe/config.hpp"
 #include "tilemoe/error.hpp"
+#include "tilemoe/weights.hpp"
 
 using namespace tilemoe;
 using ::testing::HasSubstr;
@@ -106,4 +107,28 @@ TEST(DTypeRounding, RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_EQ(float_to_bf16_bits(1.01171875f), 0x3f82);  // halfway, rounds up to even
   EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(std::nanf("")))));
   EXPECT_EQ(round_to(DType::F32, 1.00390625f), 1.00390625f);
+}
+
+TEST(Weights, AMismatchedShapeIsRefusedNamingBoth) {
+  MoeConfig layer;
+  layer.hidden = 16;
+  layer.ffn_hidden = 24;
+  layer.num_experts = 4;
+  layer.top_k = 2;
+  const ExpertWeights weights = random_weights(layer, 1);
+  EXPECT_NO_THROW(check_weights_match(weights, layer));
+  MoeConfig wider = layer;
+  wider.ffn_hidden = 32;
+  try {
+    check_weights_match(weights, wider);
+    FAIL() << "weights of ffn 24 passed for a layer of ffn 32";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::BadInput);
+    EXPECT_NE(std::string(e.what()).find("4 experts of hidden 16, ffn 24, swiglu, the layer has 4 experts of hidden 16, ffn 32"),
+              std::string::npos)
+        << e.what();
+  }
+  MoeConfig clamped = layer;
+  clamped.swiglu.limit = 7.0f;
+  EXPECT_THROW(check_weights_match(weights, clamped), Error);
 }

@@ -48,4 +48,8 @@ void set_expert_biases(ExpertWeights& weights, std::int64_t expert, std::span<co
                        std::span<const float> b3, std::span<const float> b2);
 ExpertWeights empty_weights(const MoeConfig& config);
 
+// Bad input naming both shapes when the weights are not of the layer's shape (experts, hidden,
+// ffn, activation and its SwiGLU variant); every executor and reference checks its weights so.
+void check_weights_match(const ExpertWeights& weights, const MoeConfig& layer);
+
 }  // namespace tilemoe

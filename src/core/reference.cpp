@@ -24,13 +24,7 @@ void check_step_shapes(const EpWorld& world, const std::vector<Matrix>& inputs, 
     throw_bad_input("the world has " + std::to_string(ranks) + " ranks but there are " + std::to_string(inputs.size()) +
                     " inputs and " + std::to_string(routing.size()) + " routings");
   }
-  if (weights.hidden != layer.hidden || weights.ffn_hidden != layer.ffn_hidden || weights.num_experts != layer.num_experts ||
-      weights.activation != layer.activation || weights.swiglu != layer.swiglu) {
-    throw_bad_input("the expert weights are " + std::to_string(weights.num_experts) + " experts of hidden " +
-                    std::to_string(weights.hidden) + ", ffn " + std::to_string(weights.ffn_hidden) + ", the layer has " +
-                    std::to_string(layer.num_experts) + " of hidden " + std::to_string(layer.hidden) + ", ffn " +
-                    std::to_string(layer.ffn_hidden) + " (and the same activation): give weights of the layer's shape");
-  }
+  check_weights_match(weights, layer);
   for (std::size_t r = 0; r < ranks; ++r) {
     const Matrix& in = inputs[r];
     if (in.rows != world.tokens_per_rank[r] || in.cols != layer.hidden ||

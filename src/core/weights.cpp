@@ -8,6 +8,22 @@
 
 namespace tilemoe {
 
+void check_weights_match(const ExpertWeights& weights, const MoeConfig& layer) {
+  if (weights.hidden == layer.hidden && weights.ffn_hidden == layer.ffn_hidden && weights.num_experts == layer.num_experts &&
+      weights.activation == layer.activation && weights.swiglu == layer.swiglu) {
+    return;
+  }
+  const auto shape = [](std::int64_t experts, std::int64_t hidden, std::int64_t ffn, Activation activation, const SwigluVariant& v) {
+    std::string text = std::to_string(experts) + " experts of hidden " + std::to_string(hidden) + ", ffn " + std::to_string(ffn) + ", " +
+                       std::string(activation_name(activation));
+    if (!v.is_default()) text += " (clamped at " + std::to_string(v.limit) + ")";
+    return text;
+  };
+  throw_bad_input("the expert weights are " + shape(weights.num_experts, weights.hidden, weights.ffn_hidden, weights.activation, weights.swiglu) +
+                  ", the layer has " + shape(layer.num_experts, layer.hidden, layer.ffn_hidden, layer.activation, layer.swiglu) +
+                  ": give weights of the layer's shape");
+}
+
 ExpertWeights empty_weights(const MoeConfig& config) {
   ExpertWeights w;
   w.num_experts = config.num_experts;

@@ -420,10 +420,7 @@ void EpMoeLayer::Impl::finish_init() {
 EpMoeLayer::EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, RankTransport& transport, EpMoeLayerOptions options,
                        EpMoeLayerHarness harness)
     : impl_(std::make_unique<Impl>()) {
-  if (weights.hidden != layer.hidden || weights.ffn_hidden != layer.ffn_hidden || weights.num_experts != layer.num_experts ||
-      weights.activation != layer.activation || weights.swiglu != layer.swiglu) {
-    throw_bad_input("the expert weights do not match the layer config");
-  }
+  check_weights_match(weights, layer);
   if (weights.has_biases() || weights.shared) {
     throw_bad_input("the CUDA backend runs neither expert biases nor a shared expert yet (GPT-OSS, DeepSeek, Qwen2-MoE): use --backend cpu");
   }

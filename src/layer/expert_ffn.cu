@@ -128,10 +128,7 @@ DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t exp
 
 void ExpertFfn::upload(const ExpertWeights& weights) {
   const Impl& m = *impl_;
-  if (weights.hidden != m.layer.hidden || weights.ffn_hidden != m.layer.ffn_hidden ||
-      weights.num_experts != m.layer.num_experts || weights.activation != m.layer.activation) {
-    throw_bad_input("the expert weights do not match the layer config");
-  }
+  check_weights_match(weights, m.layer);
   const std::int64_t H = m.layer.hidden, F = m.layer.ffn_hidden;
   // weights in the nn.Linear layout [out][in], gate and up rows interleaved for SwiGLU
   std::vector<__nv_bfloat16> w0(w0_.count()), w2(w2_.count());

@@ -64,10 +64,7 @@ MoeLayer::MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int dev
 
 MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device, MoeLayerOptions options)
     : impl_(std::make_unique<Impl>()) {
-  if (weights.hidden != config.hidden || weights.ffn_hidden != config.ffn_hidden ||
-      weights.num_experts != config.num_experts || weights.activation != config.activation) {
-    throw_bad_input("the expert weights do not match the layer config");
-  }
+  check_weights_match(weights, config);
   impl_->init(config, device, options);
   impl_->layer = std::make_unique<EpMoeLayer>(config, weights, impl_->world->rank(0), impl_->layer_options());
 }
