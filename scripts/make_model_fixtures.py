@@ -60,6 +60,13 @@ CASES = {
                                                        **common()), torch.float32, 1, {}),
     "gpt_oss_bf16": (lambda: transformers.GptOssConfig(intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, head_dim=16,
                                                        **common()), torch.bfloat16, 0, {}),
+    # Llama-4 (text): top-1, the router's sigmoid scales the expert's input; every other layer MoE
+    "llama4_fp32": (lambda: transformers.Llama4TextConfig(intermediate_size=16, intermediate_size_mlp=24, num_local_experts=4,
+                                                          num_experts_per_tok=1, head_dim=16, interleave_moe_layer_step=2,
+                                                          **common()), torch.float32, 1, {}),
+    "llama4_bf16": (lambda: transformers.Llama4TextConfig(intermediate_size=16, intermediate_size_mlp=24, num_local_experts=8,
+                                                          num_experts_per_tok=1, head_dim=16, interleave_moe_layer_step=1,
+                                                          **common()), torch.bfloat16, 2, {}),
 }
 
 # GPT-OSS's gate and up clamp at 7: its gate_up_proj is drawn this much larger, so that some do
@@ -72,14 +79,17 @@ def router_of(block):
 
 def moe_block(model, layer):
     decoder = model.model.layers[layer]
-    return decoder.block_sparse_moe if hasattr(decoder, "block_sparse_moe") else decoder.mlp
+    for name in ("block_sparse_moe", "feed_forward", "mlp"):  # Mixtral, Llama-4, the others
+        if hasattr(decoder, name):
+            return getattr(decoder, name)
+    raise SystemExit(f"layer {layer} has no MoE block")
 
 
 def margins_ok(block, x):
     """Per token: is its choice of experts clear by MARGIN (groups included)?"""
     gate = router_of(block)
     with torch.no_grad():
-        if hasattr(block, "router"):  # GPT-OSS: top-k of the logits themselves
+        if hasattr(block, "router"):  # GPT-OSS, Llama-4: top-k of the logits themselves
             choice = torch.nn.functional.linear(x, gate.weight, gate.bias).float()
             ok = torch.ones(x.shape[0], dtype=torch.bool)
         elif hasattr(gate, "e_score_correction_bias"):  # DeepSeek-V3
@@ -109,8 +119,11 @@ def run_block(block, x):
 
 
 def chosen_experts(block, x):
+    router = router_of(block)
     with torch.no_grad():
-        out = router_of(block)(x)
+        out = router(x)
+    if len(out) == 2:  # Llama-4's router returns (scores, logits): its choice is the top-k of the logits
+        return out[1].topk(router.top_k, dim=-1)[1].to(torch.int32)
     return out[2].to(torch.int32)
 
 
@@ -147,11 +160,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dir")
     parser.add_argument("--check", action="store_true", help="remake the fixtures and compare them with DIR's")
+    parser.add_argument("--only", action="append", choices=sorted(CASES), help="make only this fixture (repeatable)")
     args = parser.parse_args()
     if not args.check:
-        for name in CASES:
+        names = args.only or list(CASES)
+        for name in names:
             make_case(name, args.dir)
-        print(f"made {len(CASES)} fixtures in {args.dir} with transformers {transformers.__version__}")
+        print(f"made {len(names)} fixtures in {args.dir} with transformers {transformers.__version__}")
         return 0
     failures = 0
     for name, (_, dtype, layer, _) in CASES.items():

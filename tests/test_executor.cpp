@@ -83,6 +83,35 @@ TEST(CpuExecutor, AccurateAgainstFp64) {
   EXPECT_LT(compare(r32.outputs, fp64_reference(fp32, c32.inputs, c32.routing, c32.weights)).relative_frobenius, 1e-5);
 }
 
+TEST(CpuExecutor, TheRoutersWeightScalingTheExpertsInputIsRunByEveryStrategy) {
+  // Llama-4's rule (top-1 here, and top-2: the rule is defined for any k): expert(x * w), summed unweighted
+  for (const std::int64_t k : {1, 2}) {
+    EpWorld world = make_world({37, 0, 21}, 32, 48, 6, k);
+    world.layer.router.score = ScoreFunction::Sigmoid;
+    world.layer.router.scales_input = true;
+    const StepCase c = make_case(world, RoutingPattern::Skewed, 17);
+    const auto dense = dense_reference(world, c.inputs, c.routing, c.weights);
+    for (DispatchVolume v : {DispatchVolume::OncePerRank, DispatchVolume::RowPerExpert}) {
+      PlanOptions o;
+      o.dispatch = v;
+      for (Strategy s : kStrategies) {
+        const auto plans = compile_plan(s, world, c.routing, o);
+        validate_plan(plans);
+        expect_bitwise(run_step(plans, c.weights, c.inputs).outputs, dense,
+                       "top-" + std::to_string(k) + " " + std::string(strategy_name(s)) + " " + std::string(dispatch_volume_name(v)));
+      }
+    }
+    const ErrorStats e = compare(dense, fp64_reference(world, c.inputs, c.routing, c.weights));
+    EXPECT_TRUE(e.finite);
+    EXPECT_LT(e.relative_frobenius, 1e-2);
+    // the rule changes the output: the same routing with the weight on the output is another layer
+    EpWorld on_output = world;
+    on_output.layer.router.scales_input = false;
+    const auto other = dense_reference(on_output, c.inputs, c.routing, c.weights);
+    EXPECT_GT(compare(other, fp64_reference(world, c.inputs, c.routing, c.weights)).relative_frobenius, 0.05);
+  }
+}
+
 TEST(CpuExecutor, EdgeCases) {
   struct Edge {
     const char* name;

@@ -45,10 +45,13 @@ struct RouterConfig {
   float renormalize_epsilon = 0.0f;
   // Every weight is multiplied by this last (DeepSeek's routed_scaling_factor: 2.5 in V3).
   float scaling = 1.0f;
+  // Llama-4: a slot's weight scales the expert's input, x * w rounded to the storage dtype, and
+  // the expert's output enters the token's sum as it is (weight 1). Otherwise it scales the output.
+  bool scales_input = false;
 
   bool is_default() const {
     return score == ScoreFunction::Softmax && groups == 1 && top_groups == 1 && weights == RouterWeights::Scores &&
-           renormalize_epsilon == 0.0f && scaling == 1.0f;
+           renormalize_epsilon == 0.0f && scaling == 1.0f && !scales_input;
   }
 };
 

@@ -45,6 +45,7 @@ struct ModelLayer {
   std::string prefix;                     // of the block's tensors, e.g. "model.layers.3.mlp."
   std::string router_module = "gate.";    // the router's, after the prefix (GPT-OSS: "router.")
   bool interleaved_experts = false;       // GPT-OSS's fused, interleaved gate_up_proj with biases
+  bool concatenated_experts = false;      // Llama-4's fused gate_up_proj [E, hidden, 2 ffn], gate columns first
   std::int64_t shared_ffn_hidden = 0;     // the shared expert's width; 0: none
   bool shared_gated = false;              // scaled by sigmoid(x . shared_expert_gate)
 };

@@ -147,6 +147,9 @@ struct StepPlan {
   std::vector<CombineTask> combines;
   std::vector<std::int64_t> combine_source_row;  // [tokens * top_k], CombineIn row or -1
   std::vector<float> combine_weight;             // [tokens * top_k]
+  // [expert_rows] when the router's weight scales the experts' input (RouterConfig::scales_input):
+  // GEMM0 reads ExpertIn row x as round(row * expert_in_scale[x]) and combine_weight is 1; else empty.
+  std::vector<float> expert_in_scale;
   std::vector<TaskRef> compute_queue;
   std::vector<TaskRef> comm_queue;
 

@@ -63,15 +63,15 @@ void accumulate_slot(float weight, const float* y, std::int64_t count, float* ac
   for (std::int64_t c = 0; c < count; ++c) acc[c] += weight * y[c];
 }
 
-void expert_row_fp64(const ExpertWeights& w, std::int64_t expert, const float* x, std::vector<double>& g, std::vector<double>& u,
-                     std::vector<double>& y) {
+void expert_row_fp64(const ExpertWeights& w, std::int64_t expert, const float* x, double input_scale, std::vector<double>& g,
+                     std::vector<double>& u, std::vector<double>& y) {
   const std::int64_t h = w.hidden, f = w.ffn_hidden;
   const bool swiglu = w.activation == Activation::SwiGLU;
   const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
   std::fill(g.begin(), g.end(), 0.0);
   std::fill(u.begin(), u.end(), 0.0);
   for (std::int64_t i = 0; i < h; ++i) {  // the weights read along their rows (contiguous)
-    const double xi = x[i];
+    const double xi = input_scale * x[i];
     const float* gate = w.gate(expert) + i * f;
     for (std::int64_t n = 0; n < f; ++n) g[at(n)] += xi * gate[n];
     if (swiglu) {

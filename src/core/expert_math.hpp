@@ -38,9 +38,9 @@ Real clamped_swiglu(const SwigluVariant& v, Real gate, Real up) {
 }
 
 // One expert on one token in fp64 without intermediate rounding (the fp64 reference's
-// arithmetic; every sum over its index ascending): y = expert(x), biases and activation
-// variant included. g and u are scratch of ffn values, y of hidden.
-void expert_row_fp64(const ExpertWeights& w, std::int64_t expert, const float* x, std::vector<double>& g, std::vector<double>& u,
-                     std::vector<double>& y);
+// arithmetic; every sum over its index ascending): y = expert(input_scale * x), biases and
+// activation variant included. g and u are scratch of ffn values, y of hidden.
+void expert_row_fp64(const ExpertWeights& w, std::int64_t expert, const float* x, double input_scale, std::vector<double>& g,
+                     std::vector<double>& u, std::vector<double>& y);
 
 }  // namespace tilemoe::math

@@ -110,14 +110,14 @@ std::vector<float> LayerTensors::read(std::string_view name, const std::vector<s
 WeightsShape LayerTensors::shape() const {
   if (fused_) {
     const safetensors::TensorInfo& gate_up = *get(prefix_ + std::string(kFusedGateUp)).info;
-    const bool interleaved = fused_layout_ == FusedLayout::InterleavedColumns;
-    const std::size_t pair_dim = interleaved ? 2 : 1;
+    const bool columns = fused_layout_ != FusedLayout::GateRowsThenUpRows;
+    const std::size_t pair_dim = columns ? 2 : 1;
     if (gate_up.shape.size() != 3 || gate_up.shape[pair_dim] % 2 != 0) {
       throw_bad_input(source_ + ": " + quoted(gate_up.name) + " has shape " + safetensors::shape_text(gate_up.shape) + ", expected " +
-                      (interleaved ? "[experts, hidden, 2 x ffn]" : "[experts, 2 x ffn, hidden]"));
+                      (columns ? "[experts, hidden, 2 x ffn]" : "[experts, 2 x ffn, hidden]"));
     }
-    return interleaved ? WeightsShape{gate_up.shape[0], gate_up.shape[1], gate_up.shape[2] / 2}
-                       : WeightsShape{gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] / 2};
+    return columns ? WeightsShape{gate_up.shape[0], gate_up.shape[1], gate_up.shape[2] / 2}
+                   : WeightsShape{gate_up.shape[0], gate_up.shape[2], gate_up.shape[1] / 2};
   }
   const auto& parts = by_expert_.begin()->second;
   if (!parts.count("w1") || !parts.count("w2")) throw_bad_input(source_ + ": expert 0 lacks w1 or w2");
@@ -132,7 +132,7 @@ ExpertWeights LayerTensors::experts(const MoeConfig& layer) const {
   ExpertWeights weights = empty_weights(layer);
   if (fused_) {
     if (!swiglu) throw_bad_input(source_ + ": the fused gate_up_proj layout holds SwiGLU experts; drop --activation gelu");
-    if (fused_layout_ == FusedLayout::InterleavedColumns) return interleaved_experts(layer, std::move(weights));
+    if (fused_layout_ != FusedLayout::GateRowsThenUpRows) return column_experts(layer, std::move(weights));
     const std::vector<float> gate_up = read(prefix_ + std::string(kFusedGateUp), {e_count, 2 * f, h}, layer.dtype, "the layer");
     const std::vector<float> down = read(prefix_ + std::string(kFusedDown), {e_count, h, f}, layer.dtype, "the layer");
     const auto matrix = static_cast<std::size_t>(f * h);
@@ -165,32 +165,37 @@ ExpertWeights LayerTensors::experts(const MoeConfig& layer) const {
   return weights;
 }
 
-ExpertWeights LayerTensors::interleaved_experts(const MoeConfig& layer, ExpertWeights weights) const {
+ExpertWeights LayerTensors::column_experts(const MoeConfig& layer, ExpertWeights weights) const {
   const std::int64_t e_count = layer.num_experts, h = layer.hidden, f = layer.ffn_hidden;
+  const bool interleaved = fused_layout_ == FusedLayout::InterleavedColumns;  // and with biases; else concatenated, none
   const std::string gate_up_name = prefix_ + std::string(kFusedGateUp), down_name = prefix_ + std::string(kFusedDown);
   const std::vector<float> gate_up = read(gate_up_name, {e_count, h, 2 * f}, layer.dtype, "the layer");
-  const std::vector<float> gate_up_bias = read(gate_up_name + "_bias", {e_count, 2 * f}, layer.dtype, "the layer");
   const std::vector<float> down = read(down_name, {e_count, f, h}, layer.dtype, "the layer");
-  const std::vector<float> down_bias = read(down_name + "_bias", {e_count, h}, layer.dtype, "the layer");
+  const std::vector<float> gate_up_bias = interleaved ? read(gate_up_name + "_bias", {e_count, 2 * f}, layer.dtype, "the layer") : std::vector<float>{};
+  const std::vector<float> down_bias = interleaved ? read(down_name + "_bias", {e_count, h}, layer.dtype, "the layer") : std::vector<float>{};
   const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+  // gate o's and up o's column of [hidden][2 ffn]
+  const auto gate_column = [&](std::int64_t o) { return interleaved ? 2 * o : o; };
+  const auto up_column = [&](std::int64_t o) { return interleaved ? 2 * o + 1 : f + o; };
   std::vector<float> w1(at(f * h)), w3(at(f * h)), w2(at(h * f)), b1(at(f)), b3(at(f));
   for (std::int64_t e = 0; e < e_count; ++e) {
-    const float* pairs = gate_up.data() + at(e * h * 2 * f);  // [hidden][2 ffn]: column 2o is gate o, 2o + 1 up o
+    const float* pairs = gate_up.data() + at(e * h * 2 * f);
     for (std::int64_t i = 0; i < h; ++i) {
       for (std::int64_t o = 0; o < f; ++o) {
-        w1[at(o * h + i)] = pairs[i * 2 * f + 2 * o];
-        w3[at(o * h + i)] = pairs[i * 2 * f + 2 * o + 1];
+        w1[at(o * h + i)] = pairs[i * 2 * f + gate_column(o)];
+        w3[at(o * h + i)] = pairs[i * 2 * f + up_column(o)];
       }
     }
     const float* rows = down.data() + at(e * f * h);  // [ffn][hidden]
     for (std::int64_t i = 0; i < f; ++i) {
       for (std::int64_t o = 0; o < h; ++o) w2[at(o * f + i)] = rows[i * h + o];
     }
-    for (std::int64_t o = 0; o < f; ++o) {
-      b1[at(o)] = gate_up_bias[at(e * 2 * f + 2 * o)];
-      b3[at(o)] = gate_up_bias[at(e * 2 * f + 2 * o + 1)];
-    }
     set_expert(weights, e, w1, w3, w2);
+    if (!interleaved) continue;
+    for (std::int64_t o = 0; o < f; ++o) {
+      b1[at(o)] = gate_up_bias[at(e * 2 * f + gate_column(o))];
+      b3[at(o)] = gate_up_bias[at(e * 2 * f + up_column(o))];
+    }
     set_expert_biases(weights, e, b1, b3, {down_bias.data() + at(e * h), at(h)});
   }
   return weights;

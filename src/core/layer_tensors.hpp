@@ -34,6 +34,7 @@ std::vector<float> read_finite(const safetensors::File& file, const safetensors:
 enum class FusedLayout : std::uint8_t {
   GateRowsThenUpRows,      // transformers 5: [E, 2 ffn, hidden], no biases
   InterleavedColumns,      // GPT-OSS: [E, hidden, 2 ffn], gate and up alternating, with biases
+  ConcatenatedColumns,     // Llama-4: [E, hidden, 2 ffn], gate columns then up columns, no biases
 };
 
 class LayerTensors {
@@ -66,7 +67,8 @@ class LayerTensors {
   };
   const Located* find(std::string_view name) const;
   const Located& get(std::string_view name) const;  // bad input naming the tensor when absent
-  ExpertWeights interleaved_experts(const MoeConfig& layer, ExpertWeights weights) const;
+  // The column layouts: gate_up_proj [E, hidden, 2 ffn] and down_proj [E, ffn, hidden] (x W, not W x).
+  ExpertWeights column_experts(const MoeConfig& layer, ExpertWeights weights) const;
   // `name`'s values, checked to be of `shape`, finite once rounded to `dtype`.
   std::vector<float> read(std::string_view name, const std::vector<std::int64_t>& shape, DType dtype, std::string_view needed_for) const;
 

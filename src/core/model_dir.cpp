@@ -21,7 +21,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr const char* kFamilies = "mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss";
+constexpr const char* kFamilies = "mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, llama4_text";
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
@@ -150,7 +150,7 @@ ModelDirectory ModelDirectory::open(const std::string& path) {
   const ConfigFields fields(config, config_path.string());
   model.model_type_ = fields.text("model_type", "");
   if (model.model_type_ != "mixtral" && model.model_type_ != "qwen2_moe" && model.model_type_ != "qwen3_moe" &&
-      model.model_type_ != "deepseek_v3" && model.model_type_ != "gpt_oss") {
+      model.model_type_ != "deepseek_v3" && model.model_type_ != "gpt_oss" && model.model_type_ != "llama4_text") {
     throw_bad_input(config_path.string() + ": model_type \"" + model.model_type_ + "\" is not one tilemoe reads (" + kFamilies + ")");
   }
   model.layer_count_ = fields.positive("num_hidden_layers");
@@ -223,6 +223,19 @@ ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype)
     layer.swiglu.alpha = static_cast<float>(c.number("swiglu_alpha", 1.702));
     layer.swiglu.up_offset = 1.0f;
     is_moe = [](std::int64_t) { return true; };
+  } else if (model_type_ == "llama4_text") {
+    // Llama4TextMoe: top-1 of the logits, sigmoid(logit) scales the expert's input; an ungated
+    // shared expert as wide as the experts; the MoE layers are config.json's moe_layers
+    out.prefix = layer_text + "feed_forward.";
+    out.router_module = "router.";
+    out.concatenated_experts = true;
+    layer.num_experts = c.positive("num_local_experts");
+    layer.ffn_hidden = c.positive("intermediate_size");
+    layer.router.score = ScoreFunction::Sigmoid;
+    layer.router.scales_input = true;
+    out.shared_ffn_hidden = layer.ffn_hidden;
+    const std::vector<std::int64_t> moe_layers = c.integers("moe_layers");
+    is_moe = [moe_layers](std::int64_t n) { return std::find(moe_layers.begin(), moe_layers.end(), n) != moe_layers.end(); };
   } else {  // deepseek_v3
     out.prefix = layer_text + "mlp.";
     layer.num_experts = c.positive_of({"n_routed_experts", "num_local_experts"});
@@ -265,7 +278,9 @@ ModelLayerWeights ModelDirectory::load(const ModelLayer& layer) const {
   std::vector<safetensors::File> files;
   for (const std::string& shard : shards) files.push_back(safetensors::File::open_header(shard));
   const LayerTensors tensors(std::move(files), path_, layer.prefix,
-                             layer.interleaved_experts ? FusedLayout::InterleavedColumns : FusedLayout::GateRowsThenUpRows);
+                             layer.interleaved_experts    ? FusedLayout::InterleavedColumns
+                             : layer.concatenated_experts ? FusedLayout::ConcatenatedColumns
+                                                          : FusedLayout::GateRowsThenUpRows);
   const MoeConfig& config = layer.layer;
   const WeightsShape shape = tensors.shape();
   if (shape.num_experts != config.num_experts || shape.hidden != config.hidden || shape.ffn_hidden != config.ffn_hidden) {
@@ -277,9 +292,9 @@ ModelLayerWeights ModelDirectory::load(const ModelLayer& layer) const {
   ModelLayerWeights weights{tensors.experts(config), tensors.router(config.num_experts, config.hidden, layer.gate_dtype, layer.router_module)};
   if (weights.router.gate.empty()) throw_bad_input(path_ + ": layer " + std::to_string(layer.index) + " has no router gate " + layer.prefix + layer.router_module + "weight");
   if (layer.shared_ffn_hidden > 0) {
-    const bool qwen = layer.model_type == "qwen2_moe";
+    const bool one = layer.model_type == "qwen2_moe" || layer.model_type == "llama4_text";  // "shared_expert." (else "shared_experts.")
     weights.experts.shared = std::make_shared<const SharedExpert>(tensors.shared_expert(
-        config, layer.shared_ffn_hidden, qwen ? "shared_expert." : "shared_experts.", layer.shared_gated ? "shared_expert_gate." : ""));
+        config, layer.shared_ffn_hidden, one ? "shared_expert." : "shared_experts.", layer.shared_gated ? "shared_expert_gate." : ""));
   }
   return weights;
 }

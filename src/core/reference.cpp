@@ -70,25 +70,29 @@ std::vector<Matrix> dense_reference(const EpWorld& world, const std::vector<Matr
   check_step_shapes(world, inputs, routing, weights);
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
   const DType dtype = world.layer.dtype;
+  const bool scales_input = world.layer.router.scales_input;
   std::vector<Matrix> outputs;
   for (int rank = 0; rank < world.world_size(); ++rank) {
     const Matrix& in = inputs.at(static_cast<std::size_t>(rank));
     const Routing& r = routing.at(static_cast<std::size_t>(rank));
     Matrix out(dtype, in.rows, h);
     for_token_ranges(in.rows, [&](std::int64_t first, std::int64_t end) {
-      std::vector<float> x(static_cast<std::size_t>(h)), act(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h)),
-          acc(static_cast<std::size_t>(h));
+      std::vector<float> x(static_cast<std::size_t>(h)), xs(static_cast<std::size_t>(h)), act(static_cast<std::size_t>(f)),
+          y(static_cast<std::size_t>(h)), acc(static_cast<std::size_t>(h));
       for (std::int64_t t = first; t < end; ++t) {
         load_row(in.dtype, in.row(t), static_cast<std::size_t>(h), x.data());
         std::fill(acc.begin(), acc.end(), 0.0f);
         for (std::int64_t j = 0; j < k; ++j) {
           const std::size_t s = r.slot(t, j);
           if (!r.kept[s]) continue;
-          math::gemm0_rows(weights, r.expert[s], x.data(), 1, 0, f, act.data());
+          if (scales_input) {  // the expert's input is x * w in the storage dtype, its output counts once
+            for (std::int64_t c = 0; c < h; ++c) xs[static_cast<std::size_t>(c)] = round_to(dtype, x[static_cast<std::size_t>(c)] * r.weight[s]);
+          }
+          math::gemm0_rows(weights, r.expert[s], scales_input ? xs.data() : x.data(), 1, 0, f, act.data());
           for (float& v : act) v = round_to(dtype, v);  // stored between the GEMMs
           math::gemm1_rows(weights, r.expert[s], act.data(), 1, 0, h, y.data());
           for (float& v : y) v = round_to(dtype, v);    // stored after GEMM1
-          math::accumulate_slot(r.weight[s], y.data(), h, acc.data());
+          math::accumulate_slot(scales_input ? 1.0f : r.weight[s], y.data(), h, acc.data());
         }
         store_row(dtype, acc.data(), static_cast<std::size_t>(h), out.row(t));
       }
@@ -104,6 +108,7 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
                                                 const ExpertWeights& weights) {
   check_step_shapes(world, inputs, routing, weights);
   const std::int64_t h = world.layer.hidden, f = world.layer.ffn_hidden, k = world.layer.top_k;
+  const bool scales_input = world.layer.router.scales_input;
   std::vector<std::vector<double>> outputs;
   for (int rank = 0; rank < world.world_size(); ++rank) {
     const Matrix& in = inputs.at(static_cast<std::size_t>(rank));
@@ -116,8 +121,9 @@ std::vector<std::vector<double>> fp64_reference(const EpWorld& world, const std:
       for (std::int64_t j = 0; j < k; ++j) {
         const std::size_t s = r.slot(t, j);
         if (!r.kept[s]) continue;
-        math::expert_row_fp64(weights, r.expert[s], x.data() + t * h, g, u, y);
-        for (std::int64_t c = 0; c < h; ++c) out[static_cast<std::size_t>(t * h + c)] += double(r.weight[s]) * y[static_cast<std::size_t>(c)];
+        const double w = r.weight[s];
+        math::expert_row_fp64(weights, r.expert[s], x.data() + t * h, scales_input ? w : 1.0, g, u, y);
+        for (std::int64_t c = 0; c < h; ++c) out[static_cast<std::size_t>(t * h + c)] += (scales_input ? 1.0 : w) * y[static_cast<std::size_t>(c)];
       }
     };
     for_token_ranges(in.rows, [&](std::int64_t first, std::int64_t end) {

@@ -67,7 +67,7 @@ void add_shared_expert_fp64(const SharedExpert& shared, const Matrix& input, std
   std::vector<double> g(static_cast<std::size_t>(f)), u(static_cast<std::size_t>(f)), y(static_cast<std::size_t>(h));
   for (std::int64_t t = 0; t < input.rows; ++t) {
     const float* xt = x.data() + t * h;
-    math::expert_row_fp64(w, 0, xt, g, u, y);
+    math::expert_row_fp64(w, 0, xt, 1.0, g, u, y);
     double scale = 1.0;
     if (!shared.gate.empty()) {
       double logit = 0.0;

@@ -19,6 +19,7 @@ void validate_cuda_layer(const MoeConfig& c) {
   if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
   if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
   if (!c.swiglu.is_default()) throw_bad_input("the CUDA backend has no clamped SwiGLU (GPT-OSS's) yet: use --backend cpu");
+  if (c.router.scales_input) throw_bad_input("the CUDA backend scales the experts' outputs only, not their input (Llama-4's): use --backend cpu");
 }
 
 void LayerRouting::allocate(const MoeConfig& c) {

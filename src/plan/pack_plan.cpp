@@ -12,7 +12,7 @@ namespace tilemoe {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x324e414c50454f4dull;  // "MOEPLAN2": with Received's rows
-constexpr int kTables = 11;
+constexpr int kTables = 12;
 
 struct TableRef {
   std::uint64_t offset = 0;
@@ -43,6 +43,7 @@ void for_each_table(StepPlan& plan, F&& f) {
   f(plan.combines);
   f(plan.combine_source_row);
   f(plan.combine_weight);
+  f(plan.expert_in_scale);
   f(plan.compute_queue);
   f(plan.comm_queue);
 }

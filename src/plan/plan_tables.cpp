@@ -241,8 +241,31 @@ HostStepCounts routing_counts(const std::vector<Routing>& routing, int experts) 
   return HostStepCounts(std::move(counts), world, experts, std::move(rank_tokens));
 }
 
+namespace {
+
+// Each ExpertIn row's input scale: the weight of the slot it holds (rows of (local expert e,
+// source q) are q's tokens that chose e, ascending).
+void add_input_scales(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchOrder order) {
+  const int rank = plan.rank, L = counts.local_experts;
+  plan.expert_in_scale.assign(static_cast<std::size_t>(counts.expert_rows(rank)), 0.0f);
+  for (int q = 0; q < counts.world; ++q) {
+    const Routing& r = routing[static_cast<std::size_t>(q)];
+    std::vector<std::int64_t> next(static_cast<std::size_t>(L));
+    for (int e = 0; e < L; ++e) next[static_cast<std::size_t>(e)] = dispatch_block_row(counts, order, rank, e, q);
+    for (std::int64_t token = 0; token < r.tokens; ++token) {
+      for (std::int64_t j = 0; j < r.top_k; ++j) {
+        const std::size_t s = r.slot(token, j);
+        if (!r.kept[s] || r.expert[s] / L != rank) continue;
+        plan.expert_in_scale[static_cast<std::size_t>(next[static_cast<std::size_t>(r.expert[s] % L)]++)] = r.weight[s];
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch,
-                      DispatchOrder order) {
+                      DispatchOrder order, bool scales_input) {
   const int rank = plan.rank, world = counts.world, L = counts.local_experts;
   const Routing& own = routing[static_cast<std::size_t>(rank)];
   std::vector<std::int64_t> next(static_cast<std::size_t>(counts.experts));
@@ -263,6 +286,12 @@ void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const
     }
   }
   plan.combine_weight = own.weight;
+  if (scales_input) {
+    std::fill(plan.combine_weight.begin(), plan.combine_weight.end(), 1.0f);
+    add_input_scales(plan, routing, counts, order);
+  } else {
+    plan.expert_in_scale.clear();
+  }
   if (!once) return;
   const auto lists = rank_send_lists(routing, counts.experts);
   for (int d = 0; d < world; ++d) {

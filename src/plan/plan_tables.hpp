@@ -68,8 +68,9 @@ std::vector<std::vector<std::vector<std::int64_t>>> rank_send_lists(const std::v
 // gather_rows): its permuted order; with a dispatch once per rank its send lists and, for each
 // ExpertIn row of another rank's token, the Received row it is placed from; combine_source_row
 // (each kept slot's row in the permuted order, which is where its expert output comes back) and
-// combine_weight.
+// combine_weight; with `scales_input` (RouterConfig's) each ExpertIn row's input scale, the
+// weight of the slot it holds, and combine weights of 1.
 void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch,
-                      DispatchOrder order = DispatchOrder::Ascending);
+                      DispatchOrder order, bool scales_input);
 
 }  // namespace tilemoe::plan_detail

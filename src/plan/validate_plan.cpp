@@ -222,6 +222,13 @@ class PlanChecker {
       if (row < -1 || row >= p.combine_rows) reject("rank " + std::to_string(p.rank) + ": slot " + std::to_string(s) + " reads CombineIn row " + std::to_string(row) + " of " + std::to_string(p.combine_rows));
       if (!std::isfinite(p.combine_weight[s])) reject("rank " + std::to_string(p.rank) + ": slot " + std::to_string(s) + " has a non-finite weight");
     }
+    if (!p.expert_in_scale.empty() && p.expert_in_scale.size() != static_cast<std::size_t>(p.expert_rows)) {
+      reject("rank " + std::to_string(p.rank) + ": " + std::to_string(p.expert_in_scale.size()) + " input scales for " +
+             std::to_string(p.expert_rows) + " expert rows");
+    }
+    for (float scale : p.expert_in_scale) {
+      if (!std::isfinite(scale)) reject("rank " + std::to_string(p.rank) + ": a non-finite input scale");
+    }
     for (const RowRange& z : p.zero_rows) {
       if (z.begin < 0 || z.end > p.expert_rows || z.begin >= z.end) reject("rank " + std::to_string(p.rank) + ": padding rows " + std::to_string(z.begin) + ".." + std::to_string(z.end) + " outside ExpertIn");
     }

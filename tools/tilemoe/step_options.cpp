@@ -42,6 +42,8 @@ void StepOptions::add_to(CLI::App& app) {
       app.add_option("--router-weights", router_weights, "the chosen experts' weights: scores or softmax-of-selected")->capture_default_str(),
       app.add_option("--renormalize-epsilon", renormalize_epsilon, "added to the weights' sum when renormalising")->capture_default_str(),
       app.add_option("--routed-scaling", routed_scaling, "every routed weight is multiplied by this last")->capture_default_str(),
+      app.add_flag("--scale-expert-input", scale_expert_input,
+                   "a slot's weight scales the expert's input (x * w in the storage dtype) and its output counts once, as Llama-4's"),
       app.add_option("--router-logits-dtype", router_logits_dtype,
                      "when the logits come from the weights file's gate: the dtype they are rounded to, bf16 or fp32 (default: --dtype)")};
   app.add_option("--capacity-factor", capacity_factor, "0 = dropless; else per-expert capacity factor (see README)")->capture_default_str();
@@ -51,7 +53,8 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--inputs", inputs_path, "safetensors file with 'input' [T, hidden] and 'router_logits' [T, E]");
   app.add_option("--weights", weights_path, "safetensors file with experts.{e}.w1/w2/w3.weight or gate_proj/down_proj/up_proj (Hugging Face names)");
   app.add_option("--model", model_path,
-                 "a Hugging Face model directory (config.json and safetensors shards) of Mixtral, Qwen2-MoE, Qwen3-MoE or DeepSeek-V3: "
+                 "a Hugging Face model directory (config.json and safetensors shards) of Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3, "
+                 "GPT-OSS or Llama-4 (text): "
                  "the layer, its router, experts and shared expert come from it (with --layer)");
   app.add_option("--layer", model_layer, "with --model: the index of the MoE layer to run");
   app.add_option("--tile-m", plan.tile_m, "GEMM tile rows")->capture_default_str();
@@ -160,6 +163,7 @@ EpWorld world_from_options(const StepOptions& o, std::int64_t file_tokens) {
   layer.router.weights = parse_router_weights(o.router_weights);
   layer.router.renormalize_epsilon = o.renormalize_epsilon;
   layer.router.scaling = o.routed_scaling;
+  layer.router.scales_input = o.scale_expert_input;
   layer.capacity_factor = o.capacity_factor;
   layer.dtype = parse_dtype(o.dtype);
   validate(world);

@@ -37,6 +37,7 @@ struct StepOptions {
   std::string score_function = "softmax", router_weights = "scores";
   std::int64_t expert_groups = 1, top_groups = 1;
   float renormalize_epsilon = 0.0f, routed_scaling = 1.0f;
+  bool scale_expert_input = false;
   std::string router_logits_dtype;  // the gate's output dtype; empty: the layer's
   double capacity_factor = 0.0;
   std::string dtype = "bf16";

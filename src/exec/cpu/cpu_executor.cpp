@@ -346,6 +346,12 @@ class StepRunner {
     float* c = a + rows * depth;
     const std::byte* src = buffer(p.rank, in) + static_cast<std::size_t>(t.row_begin) * row_bytes(p, in);
     load_row(p.dtype, src, static_cast<std::size_t>(rows * depth), a);
+    if (t.layer == 0 && !p.expert_in_scale.empty()) {  // the router's weight scales the input (Llama-4)
+      for (std::int64_t i = 0; i < rows; ++i) {
+        const float scale = p.expert_in_scale[static_cast<std::size_t>(t.row_begin + i)];
+        for (std::int64_t k = 0; k < depth; ++k) a[i * depth + k] = round_to(p.dtype, a[i * depth + k] * scale);
+      }
+    }
     const std::int64_t expert = p.experts[static_cast<std::size_t>(t.expert)].global_id;
     if (t.layer == 0) {
       math::gemm0_rows(weights_, expert, a, rows, t.col_begin, t.col_end, c);
