@@ -234,13 +234,7 @@ TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const Come
   }
   const std::int64_t k = j - m.dispatch;
   const int split = static_cast<int>(k / (1LL * W * L)), e = static_cast<int>(k / W % L), q = (r + static_cast<int>(k % W)) % W;
-  Segment segment;
-  segment.src = BufferId::ExpertOut;
-  segment.dst = BufferId::CombineIn;
-  segment.dest_rank = q;
-  segment.rows = c.count(q, r * L + e);
-  segment.src_row = c.ring_block_row(r, e, q);
-  segment.dst_row = c.offset_of(q, r * L + e);
+  Segment segment = return_segment(c, DispatchOrder::Ring, r, e, q, s.gemm.hidden);
   segment.col_begin = split * s.split_cols;
   segment.col_end = segment.col_begin + comet_split_width(s, split);
   if (m.bands > 0) {

@@ -243,6 +243,22 @@ TILEMOE_HOST_DEVICE inline FlagWait source_rows_wait(const StepCounts& c, const 
   return FlagWait{static_cast<std::uint32_t>(q), static_cast<std::uint32_t>(c.local_experts), once_per_rank(s) ? s.rank : q};
 }
 
+// Source q's rows of rank r's local expert e, every column, from ExpertOut back where they land in
+// q's permuted order (the combine's segments; a strategy adds columns, waits and flag).
+TILEMOE_HOST_DEVICE inline Segment return_segment(const StepCounts& c, DispatchOrder order, int r, int e, int q, std::int64_t hidden) {
+  const int L = c.local_experts;
+  Segment segment;
+  segment.src = BufferId::ExpertOut;
+  segment.dst = BufferId::CombineIn;
+  segment.dest_rank = q;
+  segment.rows = c.count(q, r * L + e);
+  segment.src_row = dispatch_block_row(c, order, r, e, q);
+  segment.dst_row = c.offset_of(q, r * L + e);
+  segment.col_begin = 0;
+  segment.col_end = hidden;
+  return segment;
+}
+
 // Segment `j` of the plan: the dispatch (dispatch_segment), then W L segments of the combine,
 // local expert after local expert, source after source, after the whole GEMM1.
 TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const SequentialShape& s, const SequentialSummary& m,
@@ -253,17 +269,8 @@ TILEMOE_HOST_DEVICE inline Segment sequential_segment(const StepCounts& c, const
     return dispatch_segment(c, s, DispatchOrder::Ascending, j, [W](int, int q) { return sequential_received_flag(W, q); },
                             m.received_wait_begin);
   }
-  Segment segment;
-  segment.col_begin = 0;
-  segment.col_end = s.hidden;
-  // source q's rows of local expert e, back where they land in q's permuted order
   const int e = (j - dispatch) / W, q = (j - dispatch) % W;
-  segment.src = BufferId::ExpertOut;
-  segment.dst = BufferId::CombineIn;
-  segment.dest_rank = q;
-  segment.rows = c.count(q, r * L + e);
-  segment.src_row = c.block_row(r, e, q);
-  segment.dst_row = c.offset_of(q, r * L + e);
+  Segment segment = return_segment(c, DispatchOrder::Ascending, r, e, q, s.hidden);
   if (m.real_tiles[1] > 0) {
     segment.wait_begin = m.layer_wait[1];
     segment.wait_count = 1;
