@@ -68,17 +68,24 @@ TILEMOE_HOST_DEVICE inline int ring_block_end(const StepCounts& c, int r, int e,
 // Prefix sums (room: comet_prefix_size): band_first[e] the bands of the experts before e (e = L:
 // B_r), order_first[p L + e] the GEMM0 places before the bands of expert e whose last source sits
 // at ring position p (p L + e = W L: B_r), gemm1_first[s] GEMM1's tiles before split s (s = S:
-// all of them).
+// all of them), rank_bands[d] the bands of rank d (its flags past them are numbered after them:
+// a sender names an owner's arrival flags in O(1)).
 TILEMOE_HOST_DEVICE inline int comet_prefix_size(int world, int local_experts, int splits) {
-  return (local_experts + 1) + (world * local_experts + 1) + (splits + 1);
+  return (local_experts + 1) + (world * local_experts + 1) + (splits + 1) + world;
 }
 struct CometPrefix {
   const int* band_first = nullptr;
   const int* order_first = nullptr;
   const int* gemm1_first = nullptr;
+  const int* rank_bands = nullptr;
 };
-TILEMOE_HOST_DEVICE inline CometPrefix comet_prefix_view(const int* prefix, int world, int local_experts) {
-  return CometPrefix{prefix, prefix + local_experts + 1, prefix + local_experts + 1 + world * local_experts + 1};
+TILEMOE_HOST_DEVICE inline CometPrefix comet_prefix_view(const int* prefix, int world, int local_experts, int splits) {
+  CometPrefix x;
+  x.band_first = prefix;
+  x.order_first = x.band_first + local_experts + 1;
+  x.gemm1_first = x.order_first + world * local_experts + 1;
+  x.rank_bands = x.gemm1_first + splits + 1;
+  return x;
 }
 // The prefix sums on one thread (the host's way).
 inline void comet_prefix(const StepCounts& c, const CometShape& s, int* prefix) {
@@ -86,6 +93,7 @@ inline void comet_prefix(const StepCounts& c, const CometShape& s, int* prefix) 
   int* band_first = prefix;
   int* order_first = prefix + L + 1;
   int* gemm1_first = order_first + W * L + 1;
+  int* rank_bands = gemm1_first + comet_splits(s) + 1;
   int bands = 0;
   for (int e = 0; e < L; ++e) {
     band_first[e] = bands;
@@ -107,6 +115,10 @@ inline void comet_prefix(const StepCounts& c, const CometShape& s, int* prefix) 
     tiles += bands * comet_split_tiles(s, split);
   }
   gemm1_first[comet_splits(s)] = tiles;
+  for (int d = 0; d < W; ++d) {
+    rank_bands[d] = 0;
+    for (int e = 0; e < L; ++e) rank_bands[d] += cuda::tile_ceil_div(c.local_rows(d, e), tm);
+  }
 }
 
 // What the tables are indexed by, from the prefix sums (O(1) per thread).
@@ -119,11 +131,9 @@ struct CometSummary {
 TILEMOE_HOST_DEVICE inline std::uint32_t comet_band_flag(int world, DispatchVolume dispatch) {
   return static_cast<std::uint32_t>(dispatch == DispatchVolume::OncePerRank ? 2 * world : world);
 }
-// Rank d's flag that split s from expert rank q raises (a sender finds d's bands from the counts, O(L)).
-TILEMOE_HOST_DEVICE inline std::uint32_t comet_arrival_flag(const StepCounts& c, const CometShape& s, int d, int split, int q) {
-  int bands = 0;
-  for (int e = 0; e < c.local_experts; ++e) bands += cuda::tile_ceil_div(c.local_rows(d, e), static_cast<int>(s.gemm.tile_m));
-  return comet_band_flag(c.world, s.gemm.dispatch) + static_cast<std::uint32_t>(bands + comet_splits(s) + split * c.world + q);
+// Rank d's flag that split s from expert rank q raises.
+TILEMOE_HOST_DEVICE inline std::uint32_t comet_arrival_flag(const StepCounts& c, const CometShape& s, CometPrefix x, int d, int split, int q) {
+  return comet_band_flag(c.world, s.gemm.dispatch) + static_cast<std::uint32_t>(x.rank_bands[d] + comet_splits(s) + split * c.world + q);
 }
 TILEMOE_HOST_DEVICE inline std::uint32_t comet_received_flag(int world, int q) { return static_cast<std::uint32_t>(world + q); }
 
@@ -226,7 +236,8 @@ TILEMOE_HOST_DEVICE inline GemmTile comet_tile(const StepCounts& c, const CometS
 // Segment `j`: the dispatch (dispatch_segment, ring order), then per split, per local expert,
 // per source in ring order: the group's columns of the split back where they land in the
 // source's CombineIn, after the split's GEMM1 (empty groups too: an arrival counts L signals).
-TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const CometShape& s, const CometSummary& m, std::int64_t j) {
+TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const CometShape& s, const CometSummary& m, CometPrefix x,
+                                                  std::int64_t j) {
   const int W = c.world, L = c.local_experts, r = s.gemm.rank;
   if (j < m.dispatch) {
     return dispatch_segment(c, s.gemm, DispatchOrder::Ring, static_cast<int>(j), [W](int, int q) { return comet_received_flag(W, q); },
@@ -241,7 +252,7 @@ TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const Come
     segment.wait_begin = m.split_wait + static_cast<std::uint32_t>(split);
     segment.wait_count = 1;
   }
-  segment.dest_flag = static_cast<std::int32_t>(comet_arrival_flag(c, s, q, split, r));
+  segment.dest_flag = static_cast<std::int32_t>(comet_arrival_flag(c, s, x, q, split, r));
   return segment;
 }
 
@@ -305,7 +316,7 @@ inline PlanCapacity comet_capacity(int world, int local_experts, std::int64_t ma
 TILEMOE_HOST_DEVICE inline void compile_comet_tables(const StepCounts& c, const CometShape& s, const int* prefix, PlanTables& out,
                                                      int lane = 0, int lanes = 1) {
   const int W = c.world, L = c.local_experts;
-  const CometPrefix x = comet_prefix_view(prefix, W, L);
+  const CometPrefix x = comet_prefix_view(prefix, W, L, comet_splits(s));
   const CometSummary m = summarize_comet(c, s, x);
   const PlanSize size = plan_size(out, L, m.waits, m.tiles, m.segments, m.combines, true);
   const bool* fits = size.fits;
@@ -320,7 +331,7 @@ TILEMOE_HOST_DEVICE inline void compile_comet_tables(const StepCounts& c, const 
     for (std::int64_t i = lane; i < m.combines; i += lanes) out.combines.data[i] = comet_combine(s, m, W, i);
   }
   if (fits[kSegmentsTable]) {
-    for (std::int64_t j = lane; j < m.segments; j += lanes) out.segments.data[j] = comet_segment(c, s, m, j);
+    for (std::int64_t j = lane; j < m.segments; j += lanes) out.segments.data[j] = comet_segment(c, s, m, x, j);
   }
   if (fits[kCommQueueTable]) {
     for (std::int64_t n = lane; n < m.segments + m.combines; n += lanes) out.comm_queue.data[n] = comet_comm_entry(m, W, L, n);
