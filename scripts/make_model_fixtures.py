@@ -67,6 +67,13 @@ CASES = {
     "llama4_bf16": (lambda: transformers.Llama4TextConfig(intermediate_size=16, intermediate_size_mlp=24, num_local_experts=8,
                                                           num_experts_per_tok=1, head_dim=16, interleave_moe_layer_step=1,
                                                           **common()), torch.bfloat16, 2, {}),
+    # Llama-4 as released: Llama4ForConditionalGeneration, the text model's config under text_config
+    # and its tensors under "language_model." (a tiny vision tower beside it)
+    "llama4_multimodal_bf16": (lambda: transformers.Llama4Config(
+        text_config=dict(intermediate_size=16, intermediate_size_mlp=24, num_local_experts=4, num_experts_per_tok=1, head_dim=16,
+                         interleave_moe_layer_step=2, **common()),
+        vision_config=dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=28, patch_size=14,
+                           vision_output_dim=16, projector_input_dim=16, projector_output_dim=16)), torch.bfloat16, 1, {}),
 }
 
 # GPT-OSS's gate and up clamp at 7: its gate_up_proj is drawn this much larger, so that some do
@@ -77,8 +84,18 @@ def router_of(block):
     return block.gate if hasattr(block, "gate") else block.router
 
 
+def decoder_layers(model):
+    return model.language_model.model.layers if hasattr(model, "language_model") else model.model.layers
+
+
+def new_model(config):
+    if isinstance(config, transformers.Llama4Config):  # the multimodal model, saved as released
+        return transformers.Llama4ForConditionalGeneration(config)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
 def moe_block(model, layer):
-    decoder = model.model.layers[layer]
+    decoder = decoder_layers(model)[layer]
     for name in ("block_sparse_moe", "feed_forward", "mlp"):  # Mixtral, Llama-4, the others
         if hasattr(decoder, name):
             return getattr(decoder, name)
@@ -131,7 +148,7 @@ def make_case(name, out_dir):
     make_config, dtype, layer, save_options = CASES[name]
     torch.manual_seed(sum(map(ord, name)))
     config = make_config()
-    model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()
+    model = new_model(config).to(dtype).eval()
     block = moe_block(model, layer)
     with torch.no_grad():  # weights of unit scale, so that the outputs are O(1) and routing is not flat
         for param_name, param in block.named_parameters():
@@ -139,12 +156,13 @@ def make_case(name, out_dir):
             param.copy_(torch.randn_like(param, dtype=torch.float32).to(param.dtype) * param.shape[-1] ** -0.5 * scale)
         if hasattr(block, "gate") and hasattr(block.gate, "e_score_correction_bias"):
             block.gate.e_score_correction_bias.copy_(torch.randn_like(block.gate.e_score_correction_bias) * 0.1)
-    x = torch.randn(TOKENS, config.hidden_size).to(dtype)
+    hidden = config.get_text_config().hidden_size
+    x = torch.randn(TOKENS, hidden).to(dtype)
     for _ in range(100):
         bad = ~margins_ok(block, x)
         if not bad.any():
             break
-        x[bad] = torch.randn(int(bad.sum()), config.hidden_size).to(dtype)
+        x[bad] = torch.randn(int(bad.sum()), hidden).to(dtype)
     else:
         raise SystemExit(f"{name}: could not draw inputs without near ties")
     expected = run_block(block, x)

@@ -71,7 +71,7 @@ double tolerance(tilemoe::DType dtype) { return dtype == tilemoe::DType::F32 ? 1
 
 TEST(ModelDirectory, EveryFamilysLayerIsTransformersBlock) {
   const std::vector<std::string> names = fixture_names();
-  ASSERT_GE(names.size(), 10u) << "the fixtures of tests/fixtures/models are missing";
+  ASSERT_GE(names.size(), 11u) << "the fixtures of tests/fixtures/models are missing";
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     const BlockCase c = read_case(name);
@@ -191,7 +191,7 @@ TEST_F(ModelCli, AModelOfAnotherFamilyOrWithAShardOutsideItIsRefused) {
   std::ofstream(dir / "config.json") << R"({"model_type": "llama", "num_hidden_layers": 2})";
   tilemoe::testing::Result r = tilemoe("run --model " + dir.string() + " --layer 0");
   EXPECT_EQ(r.code, 2);
-  EXPECT_NE(r.err.find("model_type \"llama\" is not one tilemoe reads (mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, llama4_text)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model_type \"llama\" is not one tilemoe reads (mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, llama4_text, llama4)"), std::string::npos) << r.err;
 
   fs::copy(kFixtures / "mixtral_fp32" / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
   std::ofstream(dir / "model.safetensors.index.json") << R"({"weight_map": {"model.layers.0.block_sparse_moe.gate.weight": "../x.safetensors"}})";

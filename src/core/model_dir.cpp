@@ -21,7 +21,18 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr const char* kFamilies = "mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, llama4_text";
+constexpr const char* kFamilies = "mixtral, qwen2_moe, qwen3_moe, deepseek_v3, gpt_oss, llama4_text, llama4";
+
+// Llama-4 as released (model_type "llama4", Llama4ForConditionalGeneration) wraps its text model:
+// the text config under "text_config", the text model's tensors under "language_model.".
+bool is_multimodal_llama4(const std::string& model_type) { return model_type == "llama4"; }
+const Json& text_config_of(const Json& config, const std::string& model_type, const std::string& file) {
+  if (!is_multimodal_llama4(model_type)) return config;
+  if (!config.contains("text_config") || !config.at("text_config").is_object()) {
+    throw_bad_input(file + ": model_type \"llama4\" without a \"text_config\" object");
+  }
+  return config.at("text_config");
+}
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
@@ -150,10 +161,11 @@ ModelDirectory ModelDirectory::open(const std::string& path) {
   const ConfigFields fields(config, config_path.string());
   model.model_type_ = fields.text("model_type", "");
   if (model.model_type_ != "mixtral" && model.model_type_ != "qwen2_moe" && model.model_type_ != "qwen3_moe" &&
-      model.model_type_ != "deepseek_v3" && model.model_type_ != "gpt_oss" && model.model_type_ != "llama4_text") {
+      model.model_type_ != "deepseek_v3" && model.model_type_ != "gpt_oss" && model.model_type_ != "llama4_text" &&
+      !is_multimodal_llama4(model.model_type_)) {
     throw_bad_input(config_path.string() + ": model_type \"" + model.model_type_ + "\" is not one tilemoe reads (" + kFamilies + ")");
   }
-  model.layer_count_ = fields.positive("num_hidden_layers");
+  model.layer_count_ = ConfigFields(text_config_of(config, model.model_type_, config_path.string()), config_path.string()).positive("num_hidden_layers");
 
   const std::filesystem::path index_path = dir / kIndexName;
   if (std::filesystem::exists(index_path, error)) {
@@ -174,7 +186,8 @@ ModelDirectory ModelDirectory::open(const std::string& path) {
 ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype) const {
   const std::string file = (std::filesystem::path(path_) / "config.json").string();
   const Json config = parse_json_file(file, config_text_);
-  const ConfigFields c(config, file);
+  const bool multimodal = is_multimodal_llama4(model_type_);
+  const ConfigFields c(text_config_of(config, model_type_, file), file), outer(config, file);
   if (index < 0 || index >= layer_count_) {
     throw_bad_input("--layer " + std::to_string(index) + ": " + path_ + " has layers 0 to " + std::to_string(layer_count_ - 1));
   }
@@ -184,14 +197,14 @@ ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype)
   MoeConfig& layer = out.layer;
   layer.hidden = c.positive("hidden_size");
   layer.top_k = c.positive("num_experts_per_tok");
-  layer.dtype = dtype.value_or(model_dtype(c, file));
+  layer.dtype = dtype.value_or(model_dtype(c.has("dtype") || c.has("torch_dtype") ? c : outer, file));
   if (const std::string act = c.text("hidden_act", "silu"); act != "silu") {
     throw_bad_input(file + ": hidden_act \"" + act + "\": tilemoe's experts are SwiGLU with silu");
   }
   layer.activation = Activation::SwiGLU;
   out.gate_dtype = layer.dtype;
   out.router_logits_dtype = layer.dtype;
-  const std::string layer_text = "model.layers." + std::to_string(index) + ".";
+  const std::string layer_text = std::string(multimodal ? "language_model." : "") + "model.layers." + std::to_string(index) + ".";
   std::function<bool(std::int64_t)> is_moe;
   if (model_type_ == "mixtral") {
     out.prefix = layer_text + "block_sparse_moe.";
@@ -223,7 +236,7 @@ ModelLayer ModelDirectory::layer(std::int64_t index, std::optional<DType> dtype)
     layer.swiglu.alpha = static_cast<float>(c.number("swiglu_alpha", 1.702));
     layer.swiglu.up_offset = 1.0f;
     is_moe = [](std::int64_t) { return true; };
-  } else if (model_type_ == "llama4_text") {
+  } else if (model_type_ == "llama4_text" || multimodal) {
     // Llama4TextMoe: top-1 of the logits, sigmoid(logit) scales the expert's input; an ungated
     // shared expert as wide as the experts; the MoE layers are config.json's moe_layers
     out.prefix = layer_text + "feed_forward.";
@@ -292,7 +305,8 @@ ModelLayerWeights ModelDirectory::load(const ModelLayer& layer) const {
   ModelLayerWeights weights{tensors.experts(config), tensors.router(config.num_experts, config.hidden, layer.gate_dtype, layer.router_module)};
   if (weights.router.gate.empty()) throw_bad_input(path_ + ": layer " + std::to_string(layer.index) + " has no router gate " + layer.prefix + layer.router_module + "weight");
   if (layer.shared_ffn_hidden > 0) {
-    const bool one = layer.model_type == "qwen2_moe" || layer.model_type == "llama4_text";  // "shared_expert." (else "shared_experts.")
+    // one shared expert is "shared_expert.", DeepSeek's several "shared_experts."
+    const bool one = layer.model_type == "qwen2_moe" || layer.model_type == "llama4_text" || is_multimodal_llama4(layer.model_type);
     weights.experts.shared = std::make_shared<const SharedExpert>(tensors.shared_expert(
         config, layer.shared_ffn_hidden, one ? "shared_expert." : "shared_experts.", layer.shared_gated ? "shared_expert_gate." : ""));
   }
