@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
       int max_rows = 0;
       for (int d = 0; d < W; ++d) max_rows = std::max(max_rows, counts.view().expert_rows(d));
 
-      const plan_detail::SequentialShape shape = plan_detail::gpu_sequential_shape(world.layer, 0, world.tokens_per_rank[0]);
+      const plan_detail::SequentialShape shape = plan_detail::gpu_sequential_shape(world.layer, 0, world.tokens_per_rank[0], DispatchVolume::RowPerExpert);
       const plan_detail::PlanCapacity room = plan_detail::sequential_capacity(W, L, max_rows, shape.tokens, shape);
       cuda::DevicePlanTables tables(room, W, E);
       cuda::DeviceArray<int> device_counts(counts.counts().data(), counts.counts().size());
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
       const int cap1 = static_cast<int>(cuda::max_tile_entries(max_rows, L, static_cast<int>(shape.hidden), cuda::PlannedCluster::N2));
       cuda::DeviceArray<cuda::GemmTileEntry> table0(static_cast<std::size_t>(cap0)), table1(static_cast<std::size_t>(cap1));
       cuda::DeviceArray<int> table_count(2);
-      const auto compile = [&] { cuda::launch_compile_sequential(stream, device_counts.data(), nullptr, shape, tables); };
+      const auto compile = [&] { cuda::launch_compile_sequential(stream, device_counts.data(), nullptr, nullptr, shape, tables); };
       const auto build_tables = [&] {
         cuda::launch_build_tile_table(stream, device_row_offset.data(), L, gemm0_n, cuda::PlannedCluster::N2, cuda::TileFlags::None,
                                       table0.data(), cap0, table_count.data(), shape.band_block[0]);
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
         const int column_tiles = static_cast<int>((shape.hidden + cuda::kPlannedTileN - 1) / cuda::kPlannedTileN);
         const int band_block = default_band_block(std::max(2, sms / W - 8), column_tiles);
         const plan_detail::TileSignalShape ts_shape =
-            plan_detail::gpu_tile_signal_shape(world.layer, 0, world.tokens_per_rank[0], band_block, 1);
+            plan_detail::gpu_tile_signal_shape(world.layer, 0, world.tokens_per_rank[0], band_block, 1, DispatchVolume::RowPerExpert);
         cuda::DevicePlanTables ts_tables(plan_detail::tile_signal_capacity(W, L, max_rows, shape.tokens, shape), W, E);
         std::vector<int> block_offset;
         for (int e = 0; e < L; ++e) {
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
         cuda::DeviceArray<cuda::TileBand> bands(static_cast<std::size_t>(band_room));
         cuda::DeviceArray<cuda::GemmTileEntry> scratch(static_cast<std::size_t>(cap1));
         cuda::DeviceArray<int> band_count(1);
-        const auto ts_compile = [&] { cuda::launch_compile_tile_signal(stream, device_counts.data(), ts_shape, ts_tables); };
+        const auto ts_compile = [&] { cuda::launch_compile_tile_signal(stream, device_counts.data(), nullptr, ts_shape, ts_tables); };
         const auto ts_build = [&] {
           cuda::launch_build_tile_table(stream, device_row_offset.data(), L, gemm0_n, cuda::PlannedCluster::N2, cuda::TileFlags::None,
                                         table0.data(), cap0, table_count.data(), shape.band_block[0]);

@@ -1,5 +1,6 @@
 // Dispatch and combine of the expert-parallel layer on virtual ranks (N ranks on one GPU): the
-// device-API exchange kernels against the host-API path (counts to the host, then sized
+// device-API exchange kernels (a token once per destination rank, and a row per expert) against
+// the host-API path (counts to the host, then sized
 // all-to-alls), at the DeepEP shape, the Mixtral shape and a decode shape. The experts are the
 // identity (DeepEP's own benchmark times the exchange alone), so the output must equal the
 // input when the top-k weights sum to one: that is checked on every configuration.
@@ -83,7 +84,15 @@ float bf16_value(std::uint16_t bits) {
   return f;
 }
 
-void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTransport& transport, cuda::DispatchPath path,
+// How a configuration exchanges: the path, and the dispatch's volume (the host path's
+// all-to-all sends a row per expert).
+struct Exchange {
+  cuda::DispatchPath path;
+  DispatchVolume volume;
+  const char* name;
+};
+
+void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTransport& transport, const Exchange& exchange,
               int runs, std::uint64_t seed, RankTimes& out, std::string& description) {
   transport.bind_thread();
   bench::RankData data(s.tokens, s.hidden, s.experts, seed, r, transport.stream(cuda::RankStream::Main));
@@ -96,7 +105,8 @@ void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTranspor
   for (cudaEvent_t& e : events.boundary) TILEMOE_CUDA_CHECK(cudaEventCreate(&e));
   {
     cuda::EpMoeLayerOptions options;
-    options.dispatch = path;
+    options.dispatch = exchange.path;
+    options.dispatch_volume = exchange.volume;
     cuda::EpMoeLayerHarness harness;
     harness.identity_experts = true;  // the exchange alone
     cuda::EpMoeLayer layer(config, cuda::RandomDeviceWeights{seed}, transport, options, harness);
@@ -108,7 +118,9 @@ void run_rank(int r, const Shape& s, const MoeConfig& config, cuda::RankTranspor
       layer.check(stream);
       if (run < 3) continue;
       float dispatch = 0, combine = 0;
-      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&dispatch, events.boundary[cuda::kEpDispatch], events.boundary[cuda::kEpGemm0]));
+      // from the permute on: the permuted copy (a row per expert) or the send lists (once per
+      // rank) belong to the dispatch
+      TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&dispatch, events.boundary[cuda::kEpPermute], events.boundary[cuda::kEpGemm0]));
       TILEMOE_CUDA_CHECK(cudaEventElapsedTime(&combine, events.boundary[cuda::kEpCombineSend], events.boundary[cuda::kEpCombine]));
       out.dispatch_ms.push_back(dispatch);
       out.combine_ms.push_back(combine);
@@ -167,7 +179,7 @@ int main(int argc, char** argv) {
     const std::vector<int> world_sizes = nccl ? std::vector<int>{env.world_size}
                                          : quick ? std::vector<int>{4} : std::vector<int>{4, 8};
     const int runs = quick ? 5 : 20;
-    std::printf("%-8s %5s %-7s %11s %11s %12s %12s %9s %s\n", "shape", "ranks", "path", "dispatch us", "combine us",
+    std::printf("%-8s %5s %-8s %11s %11s %12s %12s %9s %s\n", "shape", "ranks", "path", "dispatch us", "combine us",
                 "disp GB/s/rk", "comb GB/s/rk", "rel err", "(remote share, how)");
     for (const Shape& s : shapes) {
       for (int n : world_sizes) {
@@ -179,27 +191,33 @@ int main(int argc, char** argv) {
         config.num_experts = s.experts;
         config.top_k = s.top_k;
         config.renormalize = true;
-        for (cuda::DispatchPath path : {cuda::DispatchPath::Device, cuda::DispatchPath::Host}) {
-          if (link_gbps > 0 && path == cuda::DispatchPath::Host) continue;  // cudaMemcpy is not paced
+        for (const Exchange& exchange : {Exchange{cuda::DispatchPath::Device, DispatchVolume::OncePerRank, "dev-once"},
+                                         Exchange{cuda::DispatchPath::Device, DispatchVolume::RowPerExpert, "dev-row"},
+                                         Exchange{cuda::DispatchPath::Host, DispatchVolume::RowPerExpert, "host"}}) {
+          if (link_gbps > 0 && exchange.path == cuda::DispatchPath::Host) continue;  // cudaMemcpy is not paced
+          cuda::EpMoeLayerOptions region_options;
+          region_options.dispatch = exchange.path;
+          region_options.dispatch_volume = exchange.volume;
           std::vector<RankTimes> times(static_cast<std::size_t>(n));
           std::vector<std::string> errors(static_cast<std::size_t>(n));
           std::string description;
           const auto seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
           if (nccl) {
             // this process's rank; a failure ends the process, and the peers' bounded waits name it
-            cuda::NcclWorld world(*rendezvous, cuda::EpMoeLayer::region_bytes(config, n), env.local_rank, {std::chrono::milliseconds(60000)});
+            cuda::NcclWorld world(*rendezvous, cuda::EpMoeLayer::region_bytes(config, n, region_options), env.local_rank,
+                                  {std::chrono::milliseconds(60000)});
             RankTimes mine;
-            run_rank(env.rank, s, config, world.transport(), path, runs, seed, mine, description);
+            run_rank(env.rank, s, config, world.transport(), exchange, runs, seed, mine, description);
             const auto all = rendezvous->all_gather(pack(mine));
             for (int r = 0; r < n; ++r) times[static_cast<std::size_t>(r)] = unpack(all[static_cast<std::size_t>(r)]);
           } else {
             cuda::VirtualWorldOptions world_options;
             world_options.link_gbps = link_gbps;
             world_options.sms_per_rank = sms_per_rank;
-            cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n), 0, world_options);
+            cuda::VirtualWorld world(n, cuda::EpMoeLayer::region_bytes(config, n, region_options), 0, world_options);
             const std::vector<std::exception_ptr> failed_ranks = world.run_ranks([&](cuda::RankTransport& transport) {
               const int r = transport.rank();
-              run_rank(r, s, config, transport, path, runs, seed, times[static_cast<std::size_t>(r)], description);
+              run_rank(r, s, config, transport, exchange, runs, seed, times[static_cast<std::size_t>(r)], description);
             });
             for (int r = 0; r < n; ++r) {
               const std::exception_ptr& error = failed_ranks[static_cast<std::size_t>(r)];
@@ -209,7 +227,7 @@ int main(int argc, char** argv) {
           bool failed = false;
           for (int r = 0; r < n; ++r) {
             if (!errors[static_cast<std::size_t>(r)].empty()) {
-              std::printf("FAIL %s N=%d %s rank %d: %s\n", s.name, n, cuda::dispatch_path_name(path), r,
+              std::printf("FAIL %s N=%d %s rank %d: %s\n", s.name, n, exchange.name, r,
                           errors[static_cast<std::size_t>(r)].c_str());
               failed = true;
             }
@@ -241,7 +259,7 @@ int main(int argc, char** argv) {
           const double d_gbps = bytes_per_rank / (d_ms * 1e-3) / 1e9, c_gbps = bytes_per_rank / (c_ms * 1e-3) / 1e9;
           const bool ok = err < 1e-2;
           if (!ok) ++failures;
-          std::printf("%-8s %5d %-7s %11.1f %11.1f %12.1f %12.1f %9.1e (%.0f%%, %s)%s\n", s.name, n, cuda::dispatch_path_name(path),
+          std::printf("%-8s %5d %-8s %11.1f %11.1f %12.1f %12.1f %9.1e (%.0f%%, %s)%s\n", s.name, n, exchange.name,
                       d_ms * 1e3, c_ms * 1e3, d_gbps, c_gbps, err, 100.0 * double(remote) / double(std::max<std::int64_t>(rows, 1)),
                       description.c_str(), ok ? "" : "  FAIL: output differs from the input");
           if (json) {
@@ -250,7 +268,7 @@ int main(int argc, char** argv) {
                          "\"ranks\":%d,\"path\":\"%s\",\"dispatch_us\":%.2f,\"combine_us\":%.2f,\"dispatch_gbps_per_rank\":%.2f,"
                          "\"combine_gbps_per_rank\":%.2f,\"bytes_per_rank\":%.0f,\"remote_share\":%.4f,\"rel_error\":%.3e,"
                          "\"how\":\"%s\",\"runs\":%d,\"link_gbps\":%.1f,\"sms_per_rank\":%d}\n",
-                         s.name, s.tokens, s.hidden, s.experts, s.top_k, n, cuda::dispatch_path_name(path), d_ms * 1e3, c_ms * 1e3,
+                         s.name, s.tokens, s.hidden, s.experts, s.top_k, n, exchange.name, d_ms * 1e3, c_ms * 1e3,
                          d_gbps, c_gbps, bytes_per_rank, double(remote) / double(std::max<std::int64_t>(rows, 1)), err,
                          description.c_str(), runs, link_gbps, sms_per_rank);
             std::fflush(json);

@@ -5,7 +5,8 @@
 // real 8- or 4-GPU node is approached on one GPU. Shapes Mixtral-8x7B and DeepSeek-V3, 4096
 // and 16384 tokens per rank; the sweep c (consumer CTAs) x mgb (bands per segment), auto's
 // pick marked. Per configuration: median over runs of the slowest rank's forward time (CUDA
-// events), the speedup over sequential, the share of remote rows shipped while GEMM1 ran
+// events), the speedup over sequential (on the sequential row: of a token once per destination
+// rank over a row per expert), the share of remote rows shipped while GEMM1 ran
 // (from a traced run), and a bitwise check of tile_signal against sequential.
 // `--transport nccl`: the same with real ranks, one process per GPU (start it with tilemoe
 // launch -n N, mpirun -np N or srun; rank 0 prints and writes the JSON), each rank on its whole
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,7 @@ struct Variant {
   int mgb;
   int band_block = 0;  // 0 = the layer's rule
   bool warmup = false;  // run, not reported: the first world of a shape runs slower (measured 3%)
+  std::optional<DispatchVolume> volume;  // unset: the layer's default (a token once per destination rank)
 };
 
 struct Result {
@@ -264,9 +267,11 @@ int main(int argc, char** argv) {
       }
       chosen = worlds;
     }
-    // sequential (traced, for GEMM1's own span), auto (the cost model picks the strategy and
-    // the split), tile_signal with the model's split, then the sweep
+    // sequential with a row per expert (the dispatch's volume before: the speedup of the next row
+    // is the dispatch once per rank's), sequential (traced, for GEMM1's own span), auto (the
+    // cost model picks the strategy and the split), tile_signal with the model's split, then the sweep
     std::vector<Variant> variants = {{Strategy::Sequential, 0, 1, 0, true},
+                                     {Strategy::Sequential, 0, 1, 0, false, DispatchVolume::RowPerExpert},
                                      {Strategy::Sequential, 0, 1},
                                      {Strategy::Auto, 0, 1},
                                      {Strategy::TileSignal, 0, 1},
@@ -306,7 +311,7 @@ int main(int argc, char** argv) {
           const std::int64_t receive_rows = static_cast<std::int64_t>(1.5 * tokens * shape.top_k);
           bool traced = false;
           std::vector<std::vector<std::uint16_t>> sequential_output(static_cast<std::size_t>(n));  // per rank of this process
-          double sequential_ms = 0;
+          double sequential_ms = 0, row_per_expert_ms = 0;
           std::string out_of_memory;  // set once a variant of this case did not fit: the others are skipped
           for (const Variant& v : variants) {
             // a rank keeps at least one GEMM1 cluster (2 SMs): larger c of the sweep (made for
@@ -318,12 +323,13 @@ int main(int argc, char** argv) {
             options.tile_signal.bands_per_segment = v.mgb;
             options.tile_signal.band_block = v.band_block;
             options.receive_rows = receive_rows;
+            options.dispatch_volume = v.volume;
             options.record_trace = true;  // every variant's last step: GEMM1's span next to the consumer's
             const std::size_t region = cuda::EpMoeLayer::region_bytes(config, n, options);
             // each rank's output against its own sequential output (kept by the rank's process)
             auto judge = [&](int r, const RankRun& run) {
               auto& seq = sequential_output[static_cast<std::size_t>(r)];
-              if (v.strategy == Strategy::Sequential) {
+              if (seq.empty()) {  // the first sequential run (the warm-up) is the reference
                 seq = run.output;
                 return true;
               }
@@ -397,8 +403,12 @@ int main(int argc, char** argv) {
             if (v.warmup) continue;
             const double layer_ms = median(res.step_ms);
             const bool overlapped = res.overlapped;  // auto may have picked sequential
+            const bool row_per_expert = v.volume == DispatchVolume::RowPerExpert;
+            double baseline_ms = sequential_ms;  // what the speedup column divides
             if (v.strategy == Strategy::Sequential) {
-              sequential_ms = layer_ms;
+              if (!res.bitwise) ++failures;
+              (row_per_expert ? row_per_expert_ms : sequential_ms) = layer_ms;
+              baseline_ms = row_per_expert_ms > 0 ? row_per_expert_ms : layer_ms;
             } else {
               if (!res.bitwise) ++failures;
               if (overlapped && !traced && !trace_path.empty()) {
@@ -409,15 +419,15 @@ int main(int argc, char** argv) {
             }
             if (!overlapped) res.hidden = 0;
             const std::string variant =
-                v.strategy == Strategy::Sequential ? std::string("sequential")
+                v.strategy == Strategy::Sequential ? std::string(row_per_expert ? "sequential row/expert" : "sequential")
                 : v.strategy == Strategy::Auto
                     ? std::string("auto -> ") + (overlapped ? "c=" + std::to_string(res.consumer_ctas) : "sequential")
                     : (v.consumer_ctas == 0 ? "tile_signal model-c" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
                           " mgb=" + std::to_string(v.mgb) + (v.band_block == kWholeExpert ? " unblocked" : "");
             const OverlapTimes& times = res.times;
             std::printf("%-13s %6d %5d %-30s %9.3f %7.2fx %6.0f%% %7s | %8.0f %7.0f %7.0f %7.0f   (%s; %s)\n", shape.name, tokens,
-                        n, variant.c_str(), layer_ms, sequential_ms / layer_ms, 100.0 * res.hidden,
-                        v.strategy == Strategy::Sequential ? "-" : (res.bitwise ? "yes" : "NO"), times.gemm1_us,
+                        n, variant.c_str(), layer_ms, baseline_ms / layer_ms, 100.0 * res.hidden, res.bitwise ? "yes" : "NO",
+                        times.gemm1_us,
                         times.late_lane_us, overlapped ? times.first_ready_us : 0.0, overlapped ? times.tail_us : 0.0,
                         res.how.c_str(), where_run.c_str());
             std::fflush(stdout);

@@ -245,12 +245,16 @@ TEST(PlanTables, LanesInAnyOrderWriteTheOnePlan) {
   }
 }
 
-// What the GPU's exchange (exec/cuda/segment_copy.hpp) assumes of both compilers' plans: the
-// dispatch is segments [0, W L) (and sequential's combine send the next W L), each reading
-// contiguous rows of the permuted order or of ExpertOut and raising a counted flag below
-// 2 W + 2; their waits are this rank's own (met by stream order); every GEMM0 tile waits as the
-// first one does, and every sequential combine task as the first one does, for flags that the
-// segments raise.
+// What the GPU's exchange (exec/cuda/segment_copy.hpp, send_lists.hpp) assumes of both
+// compilers' plans, with either dispatch volume: the dispatch is segments
+// [0, dispatch_segment_count) (and sequential's combine send the next W L), each raising a
+// counted flag below 3 W + 2 (2 W + 2 a row per expert). A row per expert: each reads
+// contiguous rows of the permuted order (the gather table's first part). Once per rank: Input
+// rows gathered (own rows and send lists) and Received rows gathered through the placement
+// entries, within the room the layer's region gives the gather table and Received; a wait for
+// another rank names a flag that rank's segments raise here. Waits for this rank are met by
+// stream order; every GEMM0 tile waits as the first one does, and every sequential combine task
+// as the first one does, for flags that the segments raise.
 TEST(PlanTables, TheExchangeRunsEitherPlansSegments) {
   std::mt19937 rng(20261207);
   for (int trial = 0; trial < 40; ++trial) {
@@ -263,41 +267,74 @@ TEST(PlanTables, TheExchangeRunsEitherPlansSegments) {
     PlanOptions o;
     o.tile_m = 1 + static_cast<std::int64_t>(rng() % 9);
     o.tile_n = 8;
-    o.dispatch = DispatchVolume::RowPerExpert;  // the device exchange's (it has no placement at the receiver yet)
+    o.dispatch = trial % 4 < 2 ? DispatchVolume::RowPerExpert : DispatchVolume::OncePerRank;
+    const bool once = o.dispatch == DispatchVolume::OncePerRank;
+    const std::int64_t most_tokens = *std::max_element(tokens.begin(), tokens.end());
     for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal}) {
       const std::vector<StepPlan> plans = compile_plan(strategy, w, step.routing, o);
       for (const StepPlan& p : plans) {
-        SCOPED_TRACE("trial " + std::to_string(trial) + " " + std::string(strategy_name(strategy)) + " rank " + std::to_string(p.rank));
+        SCOPED_TRACE("trial " + std::to_string(trial) + " " + std::string(strategy_name(strategy)) + " " +
+                     std::string(dispatch_volume_name(o.dispatch)) + " rank " + std::to_string(p.rank));
         const int W = world, L = local, dispatch = dispatch_segment_count(W, L, o.dispatch);
-        const int exchanged = strategy == Strategy::Sequential ? 2 * dispatch : dispatch;
+        const int exchanged = strategy == Strategy::Sequential ? dispatch + W * L : dispatch;
+        const int flag_room = once ? 3 * W + 2 : 2 * W + 2;
+        // the room the layer's region gives (ep_region_layout, for steps of at most most_tokens a rank)
+        ASSERT_LE(static_cast<std::int64_t>(p.gather_rows.size()),
+                  most_tokens * k + most_tokens * std::min<std::int64_t>(k, W - 1) + p.expert_rows);
+        ASSERT_LE(p.received_rows, std::min<std::int64_t>((W - 1) * most_tokens, W * most_tokens * std::min<std::int64_t>(k, L)));
         ASSERT_GE(static_cast<int>(p.segments.size()), exchanged);
         for (int j = 0; j < exchanged; ++j) {
           const Segment& s = p.segments[static_cast<std::size_t>(j)];
           const bool out = j < dispatch;
-          ASSERT_EQ(s.src, out ? BufferId::Input : BufferId::ExpertOut) << "segment " << j;
-          ASSERT_EQ(s.dst, out ? BufferId::ExpertIn : BufferId::CombineIn) << "segment " << j;
+          if (out) {
+            ASSERT_TRUE(s.src == BufferId::Input || (once && s.src == BufferId::Received)) << "segment " << j;
+            ASSERT_TRUE(s.dst == BufferId::ExpertIn || (once && s.dst == BufferId::Received)) << "segment " << j;
+            // every dispatch row is gathered: from the permuted copy (a row per expert: gather_rows
+            // starts with the permuted order, TokenTablesFollowThePermutedOrder) or through the table
+            ASSERT_EQ(s.gather_count, static_cast<std::uint32_t>(s.rows)) << "segment " << j;
+            ASSERT_LE(s.gather_begin + static_cast<std::size_t>(s.rows), p.gather_rows.size()) << "segment " << j;
+            if (!once) {
+              ASSERT_LE(s.gather_begin + s.rows, p.combine_rows) << "segment " << j;
+            }
+          } else {
+            ASSERT_EQ(s.src, BufferId::ExpertOut) << "segment " << j;
+            ASSERT_EQ(s.dst, BufferId::CombineIn) << "segment " << j;
+          }
           ASSERT_EQ(s.flag_per_row, 0);
-          ASSERT_TRUE(s.dest_flag >= 0 && s.dest_flag < 2 * W + 2) << "segment " << j;
+          ASSERT_TRUE(s.dest_flag >= 0 && s.dest_flag < flag_room) << "segment " << j;
           ASSERT_EQ(s.col_begin, 0);
           ASSERT_EQ(s.col_end, p.hidden);
-          // a dispatch segment gathers all its rows (gather_rows is the permuted order:
-          // TokenTablesFollowThePermutedOrder), so the GPU reads rows gather_begin, + 1, ... of the permuted copy
-          if (out) ASSERT_EQ(s.gather_count, static_cast<std::uint32_t>(s.rows)) << "segment " << j;
-          for (std::uint32_t i = 0; i < s.wait_count; ++i) ASSERT_EQ(p.waits[s.wait_begin + i].from_rank, p.rank);
+          for (std::uint32_t i = 0; i < s.wait_count; ++i) {
+            const FlagWait& fw = p.waits[s.wait_begin + i];
+            if (fw.from_rank == p.rank) continue;
+            // another rank's flag: raised here by that rank's segments, fw.expected of them
+            ASSERT_TRUE(once && s.src == BufferId::Received) << "segment " << j << " waits for rank " << fw.from_rank;
+            const StepPlan& source = plans[static_cast<std::size_t>(fw.from_rank)];
+            std::uint32_t raising = 0;
+            for (int sj = 0; sj < dispatch; ++sj) {
+              const Segment& t = source.segments[static_cast<std::size_t>(sj)];
+              raising += t.dest_rank == p.rank && t.dest_flag == static_cast<std::int32_t>(fw.flag) ? 1u : 0u;
+            }
+            ASSERT_EQ(raising, fw.expected) << "segment " << j;
+          }
         }
         auto same_waits = [&](std::uint32_t begin, std::uint32_t count, std::uint32_t begin0, std::uint32_t count0) {
           return begin == begin0 && count == count0;
         };
         auto raised_by_segments = [&](std::uint32_t begin, std::uint32_t count) {
           for (std::uint32_t i = 0; i < count; ++i) {
-            if (p.waits[begin + i].flag >= static_cast<std::uint32_t>(2 * W + 2)) return false;
+            if (p.waits[begin + i].flag >= static_cast<std::uint32_t>(flag_room)) return false;
           }
           return true;
         };
         for (const GemmTile& t : p.tiles) {
-          if (t.layer == 0) ASSERT_TRUE(same_waits(t.wait_begin, t.wait_count, p.tiles[0].wait_begin, p.tiles[0].wait_count));
+          if (t.layer == 0) {
+            ASSERT_TRUE(same_waits(t.wait_begin, t.wait_count, p.tiles[0].wait_begin, p.tiles[0].wait_count));
+          }
         }
-        if (!p.tiles.empty()) ASSERT_TRUE(raised_by_segments(p.tiles[0].wait_begin, p.tiles[0].wait_count));
+        if (!p.tiles.empty()) {
+          ASSERT_TRUE(raised_by_segments(p.tiles[0].wait_begin, p.tiles[0].wait_count));
+        }
         if (strategy == Strategy::Sequential && !p.combines.empty()) {
           for (const CombineTask& c : p.combines) {
             ASSERT_TRUE(same_waits(c.wait_begin, c.wait_count, p.combines[0].wait_begin, p.combines[0].wait_count));

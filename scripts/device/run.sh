@@ -219,7 +219,19 @@ for step in "${steps[@]}"; do
       run_step cli-ep "$bin/tilemoe" run --backend cuda --ranks 4
       run_step cli-ep-partitions "$bin/tilemoe" run --backend cuda --ranks 4 --sms-per-rank 32 --link-gbps 50
       run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host
+      run_step cli-ep-row-per-expert "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 200 --hidden 512 --ffn-hidden 512 --experts 32 \
+        --top-k 8 --dispatch-volume row-per-expert --strategy tile_signal
+      expect_refusal cli-ep-host-once "row-per-expert" "$bin/tilemoe" run --backend cuda --ranks 2 --tokens 64 --dispatch host \
+        --dispatch-volume once-per-rank
       expect_timeout cli-ep-silent "rank 1 stalled" "$bin/tilemoe" run --backend cuda --ranks 4 --silent-rank 1 --timeout-ms 2000 ;;
+    dispatch-volume)  # a token once per destination rank against a row per expert, in the same runs: the layer's
+      # sequential rows of tile_signal_bench (SM partitions, emulated links) and the exchange alone
+      case_args=()
+      for c in ${DV_LAYER_CASES:-deepseek-v3:4096:8 mixtral-8x7b:4096:8}; do case_args+=(--case "$c"); done
+      run_step dispatch-volume-layer "$bin/tile_signal_bench" --quick "${case_args[@]}" --json "$out/dispatch_volume_layer.json"
+      run_step dispatch-volume-exchange "$bin/ep_exchange_bench" --quick --json "$out/dispatch_volume_exchange.json"
+      run_step dispatch-volume-exchange-link "$bin/ep_exchange_bench" --quick --sms-per-rank 16 --link-gbps 45 \
+        --json "$out/dispatch_volume_exchange_link.json" ;;
     nccl)
       { echo "PyTorch's NCCL: $nccl_lib"; ls -l "$nccl_lib"; echo "ldconfig's: $system_nccl"; ls -l /usr/local/cuda/lib/libnccl* 2>&1; } >>"$log"
       run_step nccl-launch env LD_LIBRARY_PATH="$nccl_lib:$LD_LIBRARY_PATH" "$bin/tilemoe" launch -n 1 -- \

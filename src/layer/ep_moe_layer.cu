@@ -17,6 +17,7 @@
 #include "exec/cuda/arrival_combine.hpp"
 #include "exec/cuda/band_consumer.hpp"
 #include "exec/cuda/segment_copy.hpp"
+#include "exec/cuda/send_lists.hpp"
 #include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/exchange_setup.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
@@ -52,6 +53,23 @@ class PinnedArray {
 
 const char* dispatch_path_name(DispatchPath path) { return path == DispatchPath::Device ? "device" : "host"; }
 
+namespace {
+
+// EpMoeLayerOptions::dispatch_volume as a layer of this world runs it.
+DispatchVolume resolved_dispatch_volume(const EpMoeLayerOptions& o, int world, bool remote_peers) {
+  if (world == 1) return DispatchVolume::RowPerExpert;  // a world of one sends nothing: its plans are the same either way
+  const bool can_place = o.dispatch == DispatchPath::Device && !remote_peers;
+  if (!o.dispatch_volume) return can_place ? DispatchVolume::OncePerRank : DispatchVolume::RowPerExpert;
+  if (*o.dispatch_volume == DispatchVolume::OncePerRank && !can_place) {
+    throw_bad_input(std::string("a dispatch once per destination rank runs on the device dispatch path of a load/store world; ") +
+                    (remote_peers ? "this world has peers on other nodes" : "the host path's all-to-all sends a row per expert") +
+                    ": use row-per-expert");
+  }
+  return *o.dispatch_volume;
+}
+
+}  // namespace
+
 const char* ep_stage_name(int stage) {
   static const char* names[] = {"router", "layout", "permute", "dispatch", "gemm0", "activation", "gemm1", "combine send", "combine"};
   return stage >= 0 && stage < kEpStageCount ? names[stage] : "?";
@@ -63,6 +81,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   EpMoeLayerOptions options;
   int world = 1, rank = 0, local_experts = 0, device = 0, ctas_per_peer = 1;
   EpRegionLayout layout;
+  DispatchVolume volume = DispatchVolume::RowPerExpert;  // as resolved for this world (every rank the same)
   cudaStream_t own = nullptr;  // the world's set-up stream: set-up and read-backs that must not wait for the peers' kernels
   bool failed = false;
   bool remote_peers = false;  // GIN peers: the rows sent live in the region (puts read the window)
@@ -75,8 +94,13 @@ struct EpMoeLayer::Impl : LayerRouting {
   // the plan's dispatch (and sequential's combine send).
   bool exchange_walks_plan = false;
 
-  // this rank's permuted rows and the FFN's output (the routing state is the base class)
+  // this rank's permuted rows (not with a dispatch once per rank: its segments gather from the
+  // input) and the FFN's output (the routing state is the base class)
   DeviceArray<__nv_bfloat16> send_rows, y;
+  // a dispatch once per rank (exec/cuda/send_lists.hpp): the tokens sent to each rank, and each
+  // token's position in each destination's list
+  DeviceArray<int> rank_tokens, list_position;
+  bool once_per_rank() const { return volume == DispatchVolume::OncePerRank; }
   // the receive side's table, written by the counts kernel (device path) or uploaded (host path)
   DeviceArray<std::uint64_t> epoch;
   DeviceArray<int> local_row_offset;
@@ -106,10 +130,10 @@ struct EpMoeLayer::Impl : LayerRouting {
   bool ffn_walks_plan = false;
   int device_plan_tokens = 0;
   plan_detail::SequentialShape device_plan_shape(std::int64_t tokens) const {
-    return plan_detail::gpu_sequential_shape(config, rank, tokens, layout.receive_capacity);
+    return plan_detail::gpu_sequential_shape(config, rank, tokens, volume, layout.receive_capacity);
   }
   plan_detail::TileSignalShape tile_signal_plan_shape(std::int64_t tokens) const {
-    return plan_detail::gpu_tile_signal_shape(config, rank, tokens, schedule.band_block, schedule.bands_per_segment,
+    return plan_detail::gpu_tile_signal_shape(config, rank, tokens, schedule.band_block, schedule.bands_per_segment, volume,
                                               layout.receive_capacity);
   }
   // record_trace: GEMM1's tile times and the consumer's unit times of the last forward
@@ -127,8 +151,11 @@ struct EpMoeLayer::Impl : LayerRouting {
   // The set-up stream's copies and read-backs, bounded like any wait of the world.
   void wait_for_own(const char* what) const { transport->synchronize(own, what); }
   EpExchangeArgs exchange_args() const;
-  // the plan's segments [first, first + count) as the exchange runs them, ended by `drain`'s waits
-  SegmentCopyArgs segment_args(SegmentDrain drain, int first, int count) const;
+  // the plan's segments [first, first + count) as the exchange runs them, ended by `drain`'s
+  // waits; `input` and `tokens`: the step's (a dispatch once per rank gathers from them)
+  SegmentCopyArgs segment_args(SegmentDrain drain, int first, int count, const __nv_bfloat16* input, int tokens) const;
+  int dispatch_segments() const { return plan_detail::dispatch_segment_count(world, local_experts, volume); }
+  std::uint32_t band_flag() const { return plan_detail::tile_signal_band_flag(world, volume); }
   // what the experts produced: their FFN's output, or with identity experts their input rows
   const std::byte* expert_out() const {
     return ffn ? reinterpret_cast<const std::byte*>(ffn_out()) : region(layout.dispatch_rows);
@@ -151,7 +178,8 @@ struct EpMoeLayer::Impl : LayerRouting {
 };
 
 std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options, bool remote_peers) {
-  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers, options.receive_rows)
+  return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers, options.receive_rows,
+                          resolved_dispatch_volume(options, world, remote_peers))
       .bytes;
 }
 
@@ -160,8 +188,9 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   if (world < 1 || c.num_experts % world != 0) {
     throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
   }
+  const DispatchVolume volume = resolved_dispatch_volume(options, world, remote_peers);
   const EpRegionLayout layout =
-      ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, options.receive_rows);
+      ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, options.receive_rows, volume);
   const std::int64_t local_experts = c.num_experts / world;
   const auto H = static_cast<std::size_t>(c.hidden), E = static_cast<std::size_t>(c.num_experts),
              W = static_cast<std::size_t>(world), L = static_cast<std::size_t>(local_experts);
@@ -170,7 +199,12 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   DeviceFootprint f = LayerRouting::device_bytes(c);
   const bool direct = world == 1 && !remote_peers && options.dispatch == DispatchPath::Device &&
                      options.strategy != Strategy::TileSignal && !options.record_trace;  // (as init decides)
-  if (!remote_peers && !direct) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
+  const bool once = volume == DispatchVolume::OncePerRank;
+  if (!remote_peers && !direct && !once) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
+  if (once) {
+    f.add(W, sizeof(int));                                                                      // rank_tokens
+    f.add(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens, 1)) * W, sizeof(int));  // list_position
+  }
   f.add(1, sizeof(std::uint64_t));                                  // epoch
   f.add(L + 1, sizeof(int));                                        // local_row_offset
   if (options.dispatch == DispatchPath::Host) {
@@ -183,7 +217,7 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
   // the planned GEMMs and the device exchange walk the step's device-built plan (tile_signal's
   // room holds the sequential one)
-  const plan_detail::SequentialShape plan_shape = plan_detail::gpu_sequential_shape(c, 0, c.tokens);
+  const plan_detail::SequentialShape plan_shape = plan_detail::gpu_sequential_shape(c, 0, c.tokens, volume);
   // (auto may end up sequential: room for either then, table by table)
   plan_detail::PlanCapacity plan_room =
       plan_detail::sequential_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
@@ -222,7 +256,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   local_experts = static_cast<int>(c.num_experts / world);
   remote_peers = t.device_view().gin_comm != nullptr;
   if (remote_peers && h.identity_experts) throw_bad_input("identity experts (an exchange benchmark) need a load/store world");
-  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, o.receive_rows);
+  volume = resolved_dispatch_volume(o, world, remote_peers);
+  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, o.receive_rows, volume);
   if (t.region_bytes() < layout.bytes) {
     throw_bad_input("the world's symmetric regions hold " + std::to_string(t.region_bytes()) + " bytes; this layer needs " +
                     std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes" + (remote_peers ? ", with remote peers)" : ")"));
@@ -252,7 +287,11 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   // a world of one runs sequential (auto too: nothing to overlap) and needs no send buffer
   direct = world == 1 && !remote_peers && o.dispatch == DispatchPath::Device && o.strategy != Strategy::TileSignal &&
            !h.silent && !h.identity_experts && !o.record_trace;
-  if (!remote_peers && !direct) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
+  if (!remote_peers && !direct && !once_per_rank()) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
+  if (once_per_rank()) {
+    rank_tokens = DeviceArray<int>(static_cast<std::size_t>(world));
+    list_position = DeviceArray<int>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens, 1) * world));
+  }
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
   epoch = DeviceArray<std::uint64_t>(1);
   local_row_offset = DeviceArray<int>(static_cast<std::size_t>(local_experts + 1));
@@ -332,7 +371,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     // corrupted wait of harness.unsignalled_band_wait)
     const std::int64_t band_room = plan_detail::tile_signal_max_bands(layout.receive_capacity, local_experts, kPlannedTileM) + 1;
     band_flags = DeviceArray<unsigned>(static_cast<std::size_t>(band_room));
-    unsignalled_flag = static_cast<int>(plan_detail::tile_signal_band_flag(world, plan_detail::kGpuDispatchVolume) + band_room - 1);
+    unsignalled_flag = static_cast<int>(band_flag() + band_room - 1);
     TILEMOE_CUDA_CHECK(cudaMemsetAsync(band_flags.data(), 0, band_flags.count() * sizeof(unsigned), own));
     consumer = t.stream(RankStream::Consumer);  // high priority
     // ranks sharing SMs: the grid of the combine send it replaces, which fits beside every
@@ -361,7 +400,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
 // 0's (processes calibrate their own GPUs and could pick differently at a boundary); the rest
 // must match, or every rank refuses with the same message.
 void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
-  enum : std::size_t { kCtasPerPeer, kConsumerCtas, kStrategy, kChosen, kCapacity, kTokens, kHidden, kTopK, kExperts, kCount };
+  enum : std::size_t { kCtasPerPeer, kConsumerCtas, kStrategy, kChosen, kCapacity, kTokens, kHidden, kTopK, kExperts, kVolume, kCount };
   int mine[kCount] = {};
   mine[kCtasPerPeer] = ctas_per_peer;
   mine[kConsumerCtas] = options.tile_signal.consumer_ctas;
@@ -372,6 +411,7 @@ void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
   mine[kHidden] = static_cast<int>(config.hidden);
   mine[kTopK] = static_cast<int>(config.top_k);
   mine[kExperts] = static_cast<int>(config.num_experts);
+  mine[kVolume] = static_cast<int>(volume);
   std::vector<int> all(kCount * static_cast<std::size_t>(world));
   {  // freed before any peer waits on this rank's kernels: cudaFree waits for the whole device
     DeviceArray<int> sent(kCount), gathered(all.size());
@@ -393,7 +433,7 @@ void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
     mine[kConsumerCtas] = of(0, kConsumerCtas);
   }
   static const char* const names[kCount] = {"exchange CTAs per peer", "consumer CTAs", "strategy", "", "receive rows",
-                                            "tokens", "hidden", "top-k", "experts"};
+                                            "tokens", "hidden", "top-k", "experts", "dispatch volume"};
   for (int q = 0; q < world; ++q) {
     for (std::size_t f = 0; f < kCount; ++f) {
       if (f == kChosen) continue;
@@ -452,7 +492,8 @@ std::string EpMoeLayer::description() const {
   if (m.direct) {
     text += ", a world of one: no exchange copies";
   } else if (m.options.dispatch == DispatchPath::Device) {
-    text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer";
+    text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer, " +
+            (m.once_per_rank() ? "a token once per destination rank" : "a row per expert");
   }
   if (m.options.strategy == Strategy::TileSignal) {
     const bool unblocked = static_cast<std::size_t>(m.schedule.band_block) + 1 >= m.band_flags.count();  // no expert has that many bands
@@ -473,12 +514,14 @@ EpExchangeArgs EpMoeLayer::Impl::exchange_args() const {
   a.local_experts = local_experts;
   a.hidden = static_cast<int>(config.hidden);
   a.row_offset = row_offset.data();
+  a.rank_tokens = once_per_rank() ? rank_tokens.data() : nullptr;
   a.expert_out = expert_out();
   a.silent = harness.silent;
   return a;
 }
 
-SegmentCopyArgs EpMoeLayer::Impl::segment_args(SegmentDrain drain, int first, int count) const {
+SegmentCopyArgs EpMoeLayer::Impl::segment_args(SegmentDrain drain, int first, int count, const __nv_bfloat16* input,
+                                               int tokens) const {
   SegmentCopyArgs a;
   a.layout = layout;
   a.epoch = epoch.data();
@@ -486,9 +529,17 @@ SegmentCopyArgs EpMoeLayer::Impl::segment_args(SegmentDrain drain, int first, in
   a.first_segment = first;
   a.segment_count = count;
   const std::int64_t slots = config.tokens * config.top_k;
-  // Input: its permuted copy (the layout's permute applied the gather); ExpertIn and CombineIn
+  // Input: gathered through the plan's gather table with a dispatch once per rank, else its
+  // permuted copy (the layout's permute applied the gather); ExpertIn, Received and CombineIn
   // are written at their owners' regions
-  a.buffers[static_cast<int>(BufferId::Input)] = {reinterpret_cast<const std::byte*>(send_rows_ptr()), 0, slots};
+  if (once_per_rank()) {
+    a.buffers[static_cast<int>(BufferId::Input)] = {reinterpret_cast<const std::byte*>(input), 0, tokens};
+    a.buffers[static_cast<int>(BufferId::Received)] = {region(layout.received_rows), layout.received_rows, layout.received_capacity};
+    a.gather_rows = reinterpret_cast<const int*>(region(layout.gather_rows));
+    a.gather_room = layout.gather_room;
+  } else {
+    a.buffers[static_cast<int>(BufferId::Input)] = {reinterpret_cast<const std::byte*>(send_rows_ptr()), 0, slots};
+  }
   a.buffers[static_cast<int>(BufferId::ExpertIn)] = {nullptr, layout.dispatch_rows, layout.receive_capacity};
   a.buffers[static_cast<int>(BufferId::ExpertOut)] = {expert_out(), 0, layout.receive_capacity};
   a.buffers[static_cast<int>(BufferId::CombineIn)] = {nullptr, layout.returned_rows, slots};
@@ -625,11 +676,25 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       throw_bad_input("a step of " + std::to_string(slots) + " rows exceeds the receive capacity of " +
                       std::to_string(m.layout.receive_capacity) + " rows: raise EpMoeLayerOptions::receive_rows");
     }
-    auto* expert_rows = m.direct ? reinterpret_cast<__nv_bfloat16*>(m.region(m.layout.dispatch_rows)) : m.send_rows_ptr();
-    launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, expert_rows);
+    const DeviceTransport& view = m.transport->device_view();
+    if (m.once_per_rank()) {  // the segments gather from the input: the lists instead of a permuted copy
+      SendListArgs lists;
+      lists.expert = m.expert.data();
+      lists.slot_of_row = m.slot_of_row.data();
+      lists.tokens = T;
+      lists.top_k = k;
+      lists.local_experts = m.local_experts;
+      lists.rank_tokens = m.rank_tokens.data();
+      lists.list_position = m.list_position.data();
+      lists.gather_rows = reinterpret_cast<int*>(m.region(m.layout.gather_rows));
+      lists.gather_room = m.layout.gather_room;
+      launch_send_lists(stream, view, lists);
+    } else {
+      auto* expert_rows = m.direct ? reinterpret_cast<__nv_bfloat16*>(m.region(m.layout.dispatch_rows)) : m.send_rows_ptr();
+      launch_permute(stream, input, H, k, m.slot_of_row.data(), slots, expert_rows);
+    }
     mark(kEpDispatch);
     const EpExchangeArgs args = m.exchange_args();
-    const DeviceTransport& view = m.transport->device_view();
     if (m.direct) {  // the permuted rows are the expert rows: only the offsets move
       TILEMOE_CUDA_CHECK(cudaMemcpyAsync(m.local_row_offset.data(), m.row_offset.data(), m.local_row_offset.count() * sizeof(int),
                                          cudaMemcpyDeviceToDevice, stream));
@@ -640,12 +705,13 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       m.host_dispatch(stream, T);
     }
     const bool overlap = m.options.strategy == Strategy::TileSignal;
-    const int dispatch_segments = plan_detail::dispatch_segment_count(m.world, m.local_experts, plan_detail::kGpuDispatchVolume);
+    const int dispatch_segments = m.dispatch_segments();
     if (m.device_plan) {  // from the counts this step exchanged
       const int* counts = m.exchange_walks_plan ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
       const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
+      const int* rank_tokens = m.once_per_rank() ? reinterpret_cast<const int*>(m.region(m.layout.rank_tokens_inbox)) : nullptr;
       if (overlap) {
-        launch_compile_tile_signal(stream, counts, m.tile_signal_plan_shape(T), *m.device_plan);
+        launch_compile_tile_signal(stream, counts, rank_tokens, m.tile_signal_plan_shape(T), *m.device_plan);
         if (m.harness.unsignalled_band_wait) {  // the first band wait names the flag no tile raises
           // after the dispatch's waits and GEMM0's (tile_signal_plan.hpp), which a rank with rows
           // has: on a rank without rows this lands past the waits in use and corrupts nothing
@@ -654,15 +720,31 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
                                              cudaMemcpyHostToDevice, stream));
         }
       } else {
-        launch_compile_sequential(stream, counts, offsets, m.device_plan_shape(T), *m.device_plan);
+        launch_compile_sequential(stream, counts, offsets, rank_tokens, m.device_plan_shape(T), *m.device_plan);
       }
       m.device_plan_tokens = T;
+      if (m.once_per_rank()) {  // where this rank's tokens land at their destinations, before the rows go
+        PlacementArgs placements;
+        placements.layout = m.layout;
+        placements.counts = plan_detail::StepCounts{m.world, static_cast<int>(c.num_experts), m.local_experts, m.device_plan->offset(),
+                                                    m.device_plan->rank_row(), rank_tokens};
+        placements.order = plan_detail::DispatchOrder::Ascending;  // sequential's and tile_signal's ExpertIn
+        placements.expert = m.expert.data();
+        placements.slot_of_row = m.slot_of_row.data();
+        placements.list_position = m.list_position.data();
+        placements.tokens = T;
+        placements.top_k = k;
+        placements.epoch = m.epoch.data();
+        launch_write_placements(stream, view, placements);
+      }
       if (m.harness.unrunnable_dispatch_segment) {
         TILEMOE_CUDA_CHECK(cudaMemcpyAsync(&m.device_plan->segments()[0].dest_flag, &m.unrunnable_flag, sizeof(int),
                                            cudaMemcpyHostToDevice, stream));
       }
     }
-    if (m.exchange_walks_plan) launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments));
+    if (m.exchange_walks_plan) {
+      launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments, input, T));
+    }
     if (m.ffn) {
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
       const std::int64_t bound = m.layout.receive_capacity;
@@ -682,14 +764,14 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         ts.first_segment = dispatch_segments;  // the pieces follow the dispatch (tile_signal_plan.hpp)
         ts.segments_per_unit = m.schedule.bands_per_segment * m.world;
         ts.flags = m.band_flags.data();
-        ts.flag_offset = static_cast<int>(plan_detail::tile_signal_band_flag(m.world, plan_detail::kGpuDispatchVolume));
+        ts.flag_offset = static_cast<int>(m.band_flag());
         ts.ctas = m.schedule.consumer_ctas;
         ts.unit_times = m.unit_times.data();
         launch_band_consumer(m.consumer, view, ts);
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
       }
       m.ffn->run_gemm1(stream, m.local_row_offset.data(), bound, m.ffn_out(), overlap ? m.band_flags.data() : nullptr,
-                       static_cast<int>(plan_detail::tile_signal_band_flag(m.world, plan_detail::kGpuDispatchVolume)), m.tile_times.data());
+                       static_cast<int>(m.band_flag()), m.tile_times.data());
     } else {
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
@@ -716,7 +798,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       if (m.direct) {
         // the FFN's output rows are the returned rows
       } else if (m.exchange_walks_plan) {  // sequential's combine segments follow its dispatch's
-        launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, dispatch_segments));
+        launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, m.world * m.local_experts, input, T));
       } else {
         m.host_combine_send(stream);
       }
@@ -805,7 +887,7 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   const StepPlan plan = m.download_plan(stream);
   const int N = m.world, L = m.local_experts;
   const bool overlap = m.options.strategy == Strategy::TileSignal;
-  const int first_piece = plan_detail::tile_signal_first_piece(N, L, plan_detail::kGpuDispatchVolume);
+  const int first_piece = plan_detail::tile_signal_first_piece(N, L, m.volume);
   const std::size_t per = static_cast<std::size_t>(m.schedule.bands_per_segment * N);
   const std::size_t pieces = overlap ? plan.segments.size() - static_cast<std::size_t>(first_piece) : 0;
   const std::size_t units = (pieces + per - 1) / std::max<std::size_t>(per, 1);

@@ -139,20 +139,20 @@ void check_against_oracle(const cases::MoeCase& c, const EpWorld& world, const S
 }
 
 // The plans the GPU compiled from the step's exchanged counts (`path`: the strategy and which
-// dispatch path exchanged them), downloaded from every rank: each equals the host compiler's
-// (`host_plans`) for the same counts at the same tile shape, they pass validate_plan with the
-// routing's per-token tables, and the CPU executor running them gives the GPU's output within
-// bf16 tolerance.
+// dispatch path exchanged them, with `volume`), downloaded from every rank: each equals the host
+// compiler's (`host_plans`) for the same counts at the same tile shape, they pass validate_plan
+// with the routing's per-token tables, and the CPU executor running them gives the GPU's output
+// within bf16 tolerance.
 void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
                         const std::vector<Routing>& routing, std::vector<StepPlan> device_plans,
-                        const std::vector<StepPlan>& host_plans, const std::vector<Matrix>& device_out, const char* path) {
+                        const std::vector<StepPlan>& host_plans, const std::vector<Matrix>& device_out, const char* path,
+                        DispatchVolume volume) {
   const plan_detail::HostStepCounts counts = plan_detail::routing_counts(routing, static_cast<int>(c.experts));
   std::string difference;
   for (std::size_t r = 0; r < device_plans.size() && difference.empty(); ++r) {
     difference = plan_detail::first_table_difference(device_plans[r], host_plans[r]);
     if (!difference.empty()) difference = "rank " + std::to_string(r) + ": " + difference + " (device / host)";
-    plan_detail::add_token_tables(device_plans[r], routing, counts.view(), DispatchVolume::RowPerExpert, plan_detail::DispatchOrder::Ascending,
-                                  false);
+    plan_detail::add_token_tables(device_plans[r], routing, counts.view(), volume, plan_detail::DispatchOrder::Ascending, false);
   }
   if (!difference.empty()) std::printf("  %s\n", difference.c_str());
   expect(difference.empty(), std::string("every rank's device-built plan (") + path +
@@ -191,10 +191,13 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks), 0, world_options);
   if (c.sms_per_rank > 0) std::printf("  SM partitions of %d SMs\n", vw.rank(0).sm_count());
   const auto n = static_cast<std::size_t>(c.ranks);
-  std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n), tile_out(n), tile_second_out(n), tile_graph_out(n);
+  std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n), row_out(n), tile_out(n), tile_second_out(n),
+      tile_graph_out(n);
   std::vector<Routing> routing(n);
-  std::vector<std::string> description(n);
-  std::vector<StepPlan> device_plans(n), host_path_plans(n), tile_plans(n);
+  std::vector<std::string> description(n), row_description(n);
+  std::vector<StepPlan> device_plans(n), host_path_plans(n), row_plans(n), tile_plans(n);
+  // the device path's default volume (a world of one sends nothing, so its plans are a row per expert)
+  const DispatchVolume volume = c.ranks > 1 ? DispatchVolume::OncePerRank : DispatchVolume::RowPerExpert;
   cuda::TileSignalGpuSchedule tile_schedule;
   cuda::EpMoeLayerHarness build_plan;
   build_plan.build_device_plan = true;
@@ -221,27 +224,45 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
       host_path_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(host_layer, b.stream);
       transport.host_barrier();
     }
+    {  // the device exchange with a row per expert (the host path's volume)
+      cuda::EpMoeLayerOptions rows{cuda::GemmPath::Planned, cuda::DispatchPath::Device};
+      rows.dispatch_volume = DispatchVolume::RowPerExpert;
+      cuda::EpMoeLayer row_layer(config, weights, transport, rows, build_plan);
+      row_description[ri] = row_layer.description();
+      b.poison();
+      row_layer.forward(b.stream, b.input, b.logits, b.output, T);
+      row_layer.check(b.stream);
+      row_out[ri] = b.read(T, c.hidden);
+      row_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(row_layer, b.stream);
+      transport.host_barrier();
+    }
     transport.host_barrier();  // frees (device-wide synchronisations) only after every rank's last step
   });
   if (failures() > failures_before) return;
-  std::printf("  %s\n", description[0].c_str());
+  std::printf("  %s\n  %s\n", description[0].c_str(), row_description[0].c_str());
 
-  bool same_runs = true, same_graph = true, same_paths = true;
+  bool same_runs = true, same_graph = true, same_paths = true, same_volumes = true;
   for (std::size_t r = 0; r < n; ++r) {
     same_runs = same_runs && device_out[r].bitwise_equal(second_out[r]);
     same_graph = same_graph && device_out[r].bitwise_equal(graph_out[r]);
     same_paths = same_paths && device_out[r].bitwise_equal(host_out[r]);
+    same_volumes = same_volumes && device_out[r].bitwise_equal(row_out[r]);
   }
   expect(same_runs, "the same inputs give bitwise-identical outputs run after run, on every rank");
   expect(same_graph, "a CUDA-graph replay of the device path gives the eager output bitwise");
   expect(same_paths, "the device and host dispatch paths give bitwise-identical outputs");
+  expect(same_volumes, "the device exchange gives the same bits with a token once per rank and a row per expert");
   check_against_oracle(c, world, step, weights, routing, device_out);
   const std::vector<StepPlan> sequential_plans =
-      plan_detail::compile_sequential_at(world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0));
+      plan_detail::compile_sequential_at(world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0, volume));
+  const std::vector<StepPlan> row_plans_host = plan_detail::compile_sequential_at(
+      world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0, DispatchVolume::RowPerExpert));
   check_device_plans(c, world, step, weights, routing, std::move(device_plans), sequential_plans, device_out,
-                     "sequential, device dispatch");
-  check_device_plans(c, world, step, weights, routing, std::move(host_path_plans), sequential_plans, host_out,
-                     "sequential, host dispatch");
+                     "sequential, device dispatch", volume);
+  check_device_plans(c, world, step, weights, routing, std::move(host_path_plans), row_plans_host, host_out,
+                     "sequential, host dispatch", DispatchVolume::RowPerExpert);
+  check_device_plans(c, world, step, weights, routing, std::move(row_plans), row_plans_host, row_out,
+                     "sequential, device dispatch, a row per expert", DispatchVolume::RowPerExpert);
 
   if (!with_tile_signal) return;
   // the tile-signal overlap in a world of its own (a failure here leaves the sequential
@@ -276,8 +297,8 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   expect(same_tile, "tile_signal gives the sequential output bitwise (two steps and a graph replay)");
   const std::vector<StepPlan> tile_host_plans = plan_detail::compile_tile_signal_at(
       world, routing, PlanOptions{},
-      plan_detail::gpu_tile_signal_shape(world.layer, 0, 0, tile_schedule.band_block, tile_schedule.bands_per_segment));
-  check_device_plans(c, world, step, weights, routing, std::move(tile_plans), tile_host_plans, tile_out, "tile_signal");
+      plan_detail::gpu_tile_signal_shape(world.layer, 0, 0, tile_schedule.band_block, tile_schedule.bands_per_segment, volume));
+  check_device_plans(c, world, step, weights, routing, std::move(tile_plans), tile_host_plans, tile_out, "tile_signal", volume);
 }
 
 // A fault on one rank: every rank's step must fail with an error whose message names the faulty
@@ -569,7 +590,8 @@ void world_of_one_is_the_one_gpu_layer() {
     // the plan compiled from the layer's own offsets (no exchange in a world of one)
     const std::string difference = plan_detail::first_table_difference(
         device_plan[0],
-        plan_detail::compile_sequential_at(world, routing, PlanOptions{}, plan_detail::gpu_sequential_shape(world.layer, 0, 0))[0]);
+        plan_detail::compile_sequential_at(world, routing, PlanOptions{},
+                                           plan_detail::gpu_sequential_shape(world.layer, 0, 0, DispatchVolume::RowPerExpert))[0]);
     plan_detail::add_token_tables(device_plan[0], routing, plan_detail::routing_counts(routing, static_cast<int>(config.num_experts)).view(),
                                   DispatchVolume::RowPerExpert, plan_detail::DispatchOrder::Ascending, false);
     bool valid = true;

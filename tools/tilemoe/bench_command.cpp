@@ -66,7 +66,6 @@ int bench_cpu(const BenchOptions& options) {
 }
 
 int bench_cuda(const BenchOptions& options) {
-  refuse_gpu_dispatch_volume(options.step);
 #ifdef TILEMOE_WITH_CUDA
   if (!options.step.inputs_path.empty() || !options.step.weights_path.empty()) {
     throw_bad_input("tilemoe bench uses synthetic data; drop --inputs/--weights (tilemoe run takes them)");

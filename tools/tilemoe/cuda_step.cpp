@@ -150,6 +150,7 @@ cuda::EpMoeLayerOptions ep_layer_options(const CudaStepOptions& options) {
   ep_options.record_trace = options.trace;
   ep_options.strategy = parse_strategy(options.strategy);
   ep_options.tile_signal = options.tile_signal;
+  ep_options.dispatch_volume = options.dispatch_volume;
   if (ep_options.strategy == Strategy::Comet) {
     throw_bad_input("--backend cuda runs the strategies sequential, tile_signal and auto; comet runs on the CPU engine only");
   }
@@ -164,7 +165,7 @@ CudaStepOutput run_virtual_ranks(const PreparedStep& step, const CudaStepOptions
   world_options.timeout = std::chrono::milliseconds(options.timeout_ms);
   world_options.link_gbps = options.link_gbps;
   world_options.sms_per_rank = options.sms_per_rank;
-  cuda::VirtualWorld world(ranks, cuda::EpMoeLayer::region_bytes(layer, ranks), 0, world_options);
+  cuda::VirtualWorld world(ranks, cuda::EpMoeLayer::region_bytes(layer, ranks, ep_options), 0, world_options);
   CudaStepOutput result;
   result.outputs.resize(static_cast<std::size_t>(ranks));
   result.routing.resize(static_cast<std::size_t>(ranks));

@@ -21,6 +21,7 @@ struct CudaStepOptions {
   std::int64_t timeout_ms = 30000;  // bound of every device and host wait
   bool trace = false;               // multi-rank: record device timestamps of the timed step
   int silent_rank = -1;             // fault injection (tests): this rank's exchange kernels send nothing
+  std::optional<DispatchVolume> dispatch_volume;  // multi-rank: --dispatch-volume if given (else the layer's default)
 };
 
 struct CudaStepOutput {

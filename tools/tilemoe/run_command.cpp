@@ -112,6 +112,7 @@ CudaStepOptions cuda_step_options(const RunOptions& options) {
   cuda_options.trace = !options.trace_path.empty();
   cuda_options.timeout_ms = options.timeout_ms;
   cuda_options.silent_rank = options.silent_rank;
+  cuda_options.dispatch_volume = given_dispatch_volume(options.step);
   return cuda_options;
 }
 #endif
@@ -250,7 +251,6 @@ int run(const RunOptions& options) {
   StepOptions step_options = options.step;
   step_options.strategies = std::max<int>(1, static_cast<int>(strategies.size()));
   step_options.cpu_engine = options.backend == "cpu";
-  if (options.backend == "cuda") refuse_gpu_dispatch_volume(options.step);
   std::function<void(const EpWorld&)> check_world;
 #ifdef TILEMOE_WITH_CUDA
   if (options.backend == "cuda") check_world = [&](const EpWorld& world) { check_gpu_memory(world, cuda_step_options(options)); };

@@ -67,8 +67,9 @@ void StepOptions::add_to(CLI::App& app) {
   dispatch_volume_option =
       app.add_option_function<std::string>(
              "--dispatch-volume", [this](const std::string& name) { plan.dispatch = parse_dispatch_volume(name); },
-             "the CPU engine's dispatch: once-per-rank (a row per token and destination rank, placed there for each of its experts, "
-             "as DeepEP) or row-per-expert (a row per token and chosen expert); the GPU's exchange sends a row per expert")
+             "the dispatch: once-per-rank (a row per token and destination rank, placed there for each of its experts, as DeepEP) "
+             "or row-per-expert (a row per token and chosen expert); --backend cuda's default: once-per-rank on the device "
+             "dispatch, row-per-expert on the host's")
           ->default_str(std::string(dispatch_volume_name(plan.dispatch)));
   app.add_option("--max-memory", max_memory,
                  "refuse a step whose estimated host memory exceeds this (e.g. 8G; default: what the machine has available)");
@@ -192,12 +193,9 @@ MemoryLimit memory_limit(const StepOptions& o) {
 
 }  // namespace
 
-void refuse_gpu_dispatch_volume(const StepOptions& options) {
-  if (options.dispatch_volume_option != nullptr && options.dispatch_volume_option->count() > 0 &&
-      options.plan.dispatch == DispatchVolume::OncePerRank) {
-    throw_bad_input("--dispatch-volume once-per-rank runs on the CPU engine only: the GPU's exchange sends a row per expert "
-                    "(the placement at the receiver is not on the GPU yet); drop the option or use --backend cpu");
-  }
+std::optional<DispatchVolume> given_dispatch_volume(const StepOptions& options) {
+  if (options.dispatch_volume_option == nullptr || options.dispatch_volume_option->count() == 0) return std::nullopt;
+  return options.plan.dispatch;
 }
 
 PreparedStep prepare_step(const StepOptions& options, const std::function<void(const EpWorld&)>& check_world) {

@@ -21,9 +21,8 @@ namespace tilemoe::cli {
 extern const CLI::Validator kNotNegative;       // for unsigned options: "-1" is refused, not wrapped
 
 struct StepOptions;
-// --backend cuda: bad input when --dispatch-volume once-per-rank is given (the GPU's exchange
-// sends a row per expert).
-void refuse_gpu_dispatch_volume(const StepOptions& options);
+// --dispatch-volume as given, or nothing when not given (the GPU layer then picks its default).
+std::optional<DispatchVolume> given_dispatch_volume(const StepOptions& options);
 
 struct StepOptions {
   int ranks = 4;

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "tilemoe/config.hpp"
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/cuda/rank_transport.hpp"
+#include "tilemoe/plan.hpp"
 #include "tilemoe/routing.hpp"
 #include "tilemoe/strategy.hpp"
 #include "tilemoe/strategy_options.hpp"
@@ -63,6 +65,14 @@ struct EpMoeLayerOptions {
   // Record device timestamps of GEMM1's tiles and (tile_signal) the consumer's segments, for
   // last_trace(). Costs a store per tile and segment.
   bool record_trace = false;
+  // How the dispatch sends a token (include/tilemoe/plan.hpp): OncePerRank sends it once to
+  // each other rank holding any of its experts, which places it for each of them (DeepEP's
+  // volume: about 0.66x the bytes at DeepSeek-V3's routing over 8 ranks, 0.50x group-limited);
+  // RowPerExpert once per chosen expert. Unset: OncePerRank on the device path of a load/store
+  // world of several ranks, RowPerExpert otherwise (the host path's all-to-all and GIN peers
+  // send a row per expert; asking them for OncePerRank is bad input). The outputs are the same
+  // bits either way.
+  std::optional<DispatchVolume> dispatch_volume;
 };
 
 // Not options of a MoE layer, and not for users: a fault to inject (tests) and the mode of the

@@ -39,11 +39,18 @@ __global__ void __launch_bounds__(kEpExchangeThreads) exchange_counts_kernel(Dev
   }
   __syncthreads();
 
-  // 1. my counts into every peer's inbox, then the flag that publishes them
+  // 1. my counts (and the tokens I send each rank once) into every peer's inbox, then the flag
+  //    that publishes them
   if (!a.silent) {
     for (int i = tid; i < N * E; i += blockDim.x) {
       const int p = i / E, x = i % E;
       if (t.region[p] != nullptr) region_at<int>(t, p, a.layout.counts_inbox)[me * E + x] = s_row_offset[x + 1] - s_row_offset[x];
+    }
+    if (a.rank_tokens != nullptr) {  // load/store peers only (ep_region_layout)
+      for (int i = tid; i < N * N; i += blockDim.x) {
+        const int p = i / N, d = i % N;
+        region_at<int>(t, p, a.layout.rank_tokens_inbox)[me * N + d] = a.rank_tokens[d];
+      }
     }
     if (t.gin_comm != nullptr) {  // GIN peers get them by a put from the outbox
       for (int x = tid; x < E; x += blockDim.x) region_at<int>(t, me, a.layout.counts_outbox)[x] = s_row_offset[x + 1] - s_row_offset[x];
@@ -121,12 +128,13 @@ void check_args(const DeviceTransport& t, const EpExchangeArgs& a) {
     throw_internal("exchange: bad expert counts");
   }
   if (a.hidden % 8 != 0) throw_internal("exchange: bad hidden");
+  if ((a.rank_tokens != nullptr) != (a.layout.rank_tokens_inbox != 0)) throw_internal("exchange: rank token counts without their inbox");
 }
 
 }  // namespace
 
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
-                                std::int64_t top_k, bool remote_sources, std::int64_t receive_rows) {
+                                std::int64_t top_k, bool remote_sources, std::int64_t receive_rows, DispatchVolume volume) {
   if (world < 1 || world > kMaxRanks) {
     throw_bad_input("a load/store world has 1 to " + std::to_string(kMaxRanks) + " ranks, not " + std::to_string(world));
   }
@@ -137,6 +145,11 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
   at = align_up(at + static_cast<std::size_t>(world * experts) * 4, 128);
   l.counts_flag = at;
   at = align_up(at + static_cast<std::size_t>(world) * 8, 128);
+  const bool once = volume == DispatchVolume::OncePerRank;
+  if (once) {
+    l.rank_tokens_inbox = at;
+    at = align_up(at + static_cast<std::size_t>(world * world) * 4, 128);
+  }
   l.segment_flags = at;
   at = align_up(at + static_cast<std::size_t>(ep_segment_flag_room(world)) * 8, 128);
   l.row_arrivals = at;  // before dispatch_rows: a new layer zeroes it with the flags
@@ -148,6 +161,17 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
   at = align_up(at + static_cast<std::size_t>(l.receive_capacity * hidden) * 2, 4096);
   l.returned_rows = at;
   at = align_up(at + static_cast<std::size_t>(max_tokens * top_k * hidden) * 2, 4096);
+  if (once) {
+    if (remote_sources) throw_bad_input("a dispatch once per destination rank does not reach GIN peers (other nodes) yet: use row-per-expert");
+    // every token of the other sources once at most, and never more tokens than the rows they bring
+    l.received_capacity = std::min(static_cast<std::int64_t>(world - 1) * max_tokens, l.receive_capacity);
+    l.received_rows = at;
+    at = align_up(at + static_cast<std::size_t>(l.received_capacity * hidden) * 2, 4096);
+    // the permuted order, the send lists (a token to each other rank at most) and a placement per expert row
+    l.gather_room = max_tokens * top_k + max_tokens * std::min<std::int64_t>(top_k, world - 1) + l.receive_capacity;
+    l.gather_rows = at;
+    at = align_up(at + static_cast<std::size_t>(l.gather_room) * 4, 4096);
+  }
   if (remote_sources) {
     l.counts_outbox = at;
     at = align_up(at + static_cast<std::size_t>(experts) * 4, 4096);

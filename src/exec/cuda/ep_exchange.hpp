@@ -14,6 +14,11 @@
 //     expert x straight into the owner's dispatch_rows at their final position (expert-major,
 //     sources in rank order inside an expert) and raise the plan's arrival flags there
 //     (segment_flags); the grid ends when GEMM0's flags are raised here.
+//     With a dispatch once per destination rank (exec/cuda/send_lists.hpp), r sends each token
+//     once to every other rank holding any of its experts, into that rank's received_rows, after
+//     writing where each of its rows goes there into that rank's gather_rows (the placement
+//     entries); the receiver's own segments then place the rows into dispatch_rows once the
+//     source's arrival flag is up. Counts carry each rank's tokens per destination too.
 //  4. the expert FFN runs on dispatch_rows.
 //  5. sequential: the plan's combine segments store each output row back into its source's
 //     returned_rows at the row's position in the source's own permuted order; the top-k combine
@@ -28,12 +33,18 @@
 
 #include "comm/cuda/device_transport.hpp"
 #include "core/host_device.hpp"
+#include "tilemoe/plan.hpp"
 
 namespace tilemoe::cuda {
 
 struct EpRegionLayout {
   std::size_t counts_inbox = 0;       // [world][experts] int32: counts_inbox[q][x] = rows rank q sends to expert x
   std::size_t counts_flag = 0;        // [world] u64, raised to the epoch by rank q
+  // a dispatch once per destination rank (0 = absent):
+  std::size_t rank_tokens_inbox = 0;  // [world][world] int32: [q][d] = tokens rank q sends rank d (StepCounts::rank_tokens)
+  std::size_t gather_rows = 0;        // [gather_room] int32: this rank's plan's gather table (step_counts.hpp); its
+                                      // placement entries are written by the sources, the rest by this rank
+  std::size_t received_rows = 0;      // [received_capacity][hidden] bf16: the tokens other ranks sent, once each
   std::size_t segment_flags = 0;      // [ep_segment_flag_room(world)] u64: the plan's flags that segments raise,
                                       // counters that only grow (segment_copy.hpp)
   std::size_t row_arrivals = 0;       // [max_tokens * top_k] u64: tile_signal raises returned row i's to the epoch
@@ -47,17 +58,21 @@ struct EpRegionLayout {
   std::size_t expert_out = 0;         // [receive_capacity][hidden] bf16
   std::size_t bytes = 0;              // the whole region, a multiple of 4 KiB
   std::int64_t receive_capacity = 0;  // rows: every source's tokens times min(top_k, local experts), or less if asked
+  std::int64_t received_capacity = 0;  // rows of received_rows: the other sources' tokens, at most receive_capacity
+  std::int64_t gather_room = 0;        // entries of gather_rows
 };
 
 // The plan flags a segment may raise at a peer: every strategy numbers its dispatch and combine
-// arrivals below 2 W + 2 (sequential_plan.hpp).
-TILEMOE_HOST_DEVICE constexpr int ep_segment_flag_room(int world) { return 2 * world + 2; }
+// arrivals below 3 W + 2 (sequential_plan.hpp; 2 W + 2 with a row per expert).
+TILEMOE_HOST_DEVICE constexpr int ep_segment_flag_room(int world) { return 3 * world + 2; }
 
 // `remote_sources`: the world has GIN peers (several nodes), so the send side lives in the region.
 // `receive_rows` > 0 caps the receive capacity below the dropless worst case (a step that
-// would exceed it fails on every rank, nothing dropped).
+// would exceed it fails on every rank, nothing dropped). `volume`: the dispatch's, whose
+// OncePerRank adds the rank token counts, the gather table and received_rows.
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
-                                std::int64_t top_k, bool remote_sources = false, std::int64_t receive_rows = 0);
+                                std::int64_t top_k, bool remote_sources = false, std::int64_t receive_rows = 0,
+                                DispatchVolume volume = DispatchVolume::RowPerExpert);
 
 // This rank's device tables of a step, written by the counts kernel.
 struct EpLocalTables {
@@ -70,6 +85,8 @@ struct EpExchangeArgs {
   EpLocalTables tables;
   int experts = 0, local_experts = 0, hidden = 0;
   const int* row_offset = nullptr;        // [experts + 1] this rank's layout (its permuted rows by expert)
+  const int* rank_tokens = nullptr;       // [world] the tokens this rank sends each rank once (send_lists.hpp);
+                                          // null with a row per expert
   const std::byte* expert_out = nullptr;  // the FFN's output [receive rows][hidden] (the band consumer's source)
   bool silent = false;                    // fault injection: this rank sends nothing (tests)
 };

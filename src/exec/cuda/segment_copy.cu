@@ -36,28 +36,61 @@ __device__ inline bool runnable(const Segment& s, const SegmentCopyArgs& a, cons
   const SegmentBuffer& from = a.buffers[src];
   const SegmentBuffer& to = a.buffers[dst];
   if (from.local == nullptr || to.region_offset == 0 || s.rows < 0 || s.flag_per_row != 0) return false;
-  if (s.gather_count > 0 && (s.src != BufferId::Input || s.gather_count != s.rows)) return false;
-  const std::int64_t first = s.gather_count > 0 ? static_cast<std::int64_t>(s.gather_begin) : s.src_row;
-  if (first < 0 || first + s.rows > from.rows || s.dst_row < 0 || s.dst_row + s.rows > to.rows) return false;
+  if (s.dst_row < 0 || s.dst_row + s.rows > to.rows) return false;
+  if (s.gather_count > 0) {  // each gathered row is checked as it is read (through_table)
+    if (s.gather_count != s.rows) return false;
+    if (a.gather_rows != nullptr) {
+      if (s.gather_begin + static_cast<std::int64_t>(s.rows) > a.gather_room) return false;
+    } else if (s.src != BufferId::Input || s.gather_begin + static_cast<std::int64_t>(s.rows) > from.rows) {
+      return false;
+    }
+  } else if (s.src_row < 0 || s.src_row + s.rows > from.rows) {
+    return false;
+  }
   if (s.col_begin < 0 || s.col_begin > s.col_end || s.col_end > a.hidden || s.col_begin % 8 != 0 || s.col_end % 8 != 0) return false;
   if (s.dest_flag != kNoFlag && !flag_held(s.dest_flag, world)) return false;
   if (s.wait_begin + static_cast<std::uint64_t>(s.wait_count) > plan.waits.count) return false;
-  for (std::uint32_t w = 0; w < s.wait_count; ++w) {
-    if (plan.waits.data[s.wait_begin + w].from_rank != me) return false;  // met by stream order only if it is ours
+  for (std::uint32_t w = 0; w < s.wait_count; ++w) {  // another rank's flag: one it raises here by a segment
+    const FlagWait fw = plan.waits.data[s.wait_begin + w];
+    if (fw.from_rank != me && (fw.from_rank < 0 || fw.from_rank >= world || !flag_held(static_cast<std::int32_t>(fw.flag), world))) {
+      return false;
+    }
   }
   return true;
 }
 
+// The rank whose CTA group runs segment `s`: its destination, or for a segment of this rank's
+// own that waits for another rank (a placement of what that rank sent), that rank, so that the
+// group sending to q also places what q sent here, and the local copies spread over all groups
+// instead of crowding this rank's own.
+__device__ inline int group_rank_of(const Segment& s, const PlanTables& plan, int me, int world) {
+  if (s.dest_rank != me) return s.dest_rank;
+  for (std::uint32_t w = 0; w < s.wait_count && s.wait_begin + w < plan.waits.count; ++w) {
+    const int from = plan.waits.data[s.wait_begin + w].from_rank;
+    if (from != me && from >= 0 && from < world) return from;
+  }
+  return me;
+}
+
+// Whether segment `s` waits for another rank (the same answer on every thread).
+__device__ inline bool waits_for_peer(const Segment& s, const PlanTables& plan, int me) {
+  for (std::uint32_t w = 0; w < s.wait_count; ++w) {
+    if (plan.waits.data[s.wait_begin + w].from_rank != me) return true;
+  }
+  return false;
+}
+
 __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport t, SegmentCopyArgs a) {
-  __shared__ int s_list[kThreads];  // the batch's segments of this CTA's destination, in plan order
+  __shared__ int s_list[kThreads];  // the batch's segments of this CTA's group, in plan order
   __shared__ int s_warp_count[kWarps];
-  __shared__ int s_ok;
+  __shared__ int s_ok, s_stalled;
   const int N = t.world, me = t.rank, tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp_in_cta = tid / 32;
   const PlanTables& plan = *a.plan;
   const std::uint64_t epoch = *a.epoch;
   if (tid == 0) {
     // a failing step sends and waits for nothing more (its plan may be an empty one)
     s_ok = !transport_failed(t) && plan.header.overflow == 0;
+    s_stalled = 0;
     if (plan.header.overflow != 0 && blockIdx.x == 0) record_invalid(t, a, -1, plan.header.overflow, epoch);
   }
   __syncthreads();
@@ -69,20 +102,59 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
   const int begin = a.first_segment;
   const int end = min(a.first_segment + a.segment_count, static_cast<int>(plan.segments.count));
   const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * 2;
-  const bool gin_peer = t.region[p] == nullptr;
-  const bool paced = !gin_peer && p != me && t.link_bytes_per_ns > 0.0;
-  const std::uint64_t start = paced ? global_timer_ns() : 0;
+  const bool paced_group = t.region[p] != nullptr && p != me && t.link_bytes_per_ns > 0.0;
+  const std::uint64_t start = paced_group ? global_timer_ns() : 0;
   double sent = 0;
   std::int64_t running = 0;  // rows of the group's segments so far: row `running + i` is warp (running + i) % warps's
   int listed_before = 0;     // the group's segments so far: segment `listed_before + l` is put by member (...) % ctas_per_peer
+
+  // The flags of the listed segments [from, to) at their destinations, after a __syncthreads that
+  // orders every row this CTA stored for them before the releases: one add per run of segments
+  // naming the same flag at the same rank (a thread per run head); a GIN peer's signals by
+  // thread 0, after its puts on one context.
+  auto raise_flags = [&](int from, int to) {
+    if (a.silent) return;
+    auto same = [&](int l, int m) {
+      const Segment& x = plan.segments.data[s_list[l]];
+      const Segment& y = plan.segments.data[s_list[m]];
+      return x.dest_flag == y.dest_flag && x.dest_rank == y.dest_rank;
+    };
+    auto run_at = [&](int l) {
+      int n = 1;
+      while (l + n < to && same(l, l + n)) ++n;
+      return n;
+    };
+    if (t.region[p] == nullptr) {  // a GIN peer's group: its segments all go there
+      if (tid == 0) {
+        for (int l = from; l < to;) {
+          const std::int32_t f = plan.segments.data[s_list[l]].dest_flag;
+          const int n = run_at(l);
+          if (flag_held(f, N)) gin_signal_add(t, p, kGinSegmentFlagSignal + static_cast<unsigned>(f), static_cast<std::uint64_t>(n));
+          l += n;
+        }
+      }
+      return;
+    }
+    const int l = from + tid;
+    if (l >= to) return;
+    const Segment& s = plan.segments.data[s_list[l]];
+    if ((l == from || !same(l - 1, l)) && flag_held(s.dest_flag, N)) {
+      add_release(region_at<std::uint64_t>(t, s.dest_rank, a.layout.segment_flags) + s.dest_flag, static_cast<std::uint64_t>(run_at(l)));
+    }
+  };
+
   for (int base = begin; base < end; base += kThreads) {
-    // 1. the batch's segments to p, in plan order (an ordered compaction over the CTA's warps)
+    // 1. the batch's segments of this group, in plan order (an ordered compaction over the CTA's warps)
     const int j = base + tid;
     bool mine = false;
     if (j < end) {
-      const int d = plan.segments.data[j].dest_rank;
-      mine = d == p;
-      if ((d < 0 || d >= N) && blockIdx.x == 0) record_invalid(t, a, me, static_cast<std::uint64_t>(j), epoch);
+      const Segment& s = plan.segments.data[j];
+      const int d = s.dest_rank;
+      if (d < 0 || d >= N) {
+        if (blockIdx.x == 0) record_invalid(t, a, me, static_cast<std::uint64_t>(j), epoch);
+      } else {
+        mine = group_rank_of(s, plan, me, N) == p;
+      }
     }
     const unsigned ballot = __ballot_sync(~0u, mine);
     if (lane == 0) s_warp_count[warp_in_cta] = __popc(ballot);
@@ -96,15 +168,37 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
     __syncthreads();
 
     // 2. their rows
+    int raised = 0;  // the listed segments whose flags are up
     for (int l = 0; l < listed; ++l) {
       const Segment s = plan.segments.data[s_list[l]];
       if (!runnable(s, a, plan, me, N)) {  // the same verdict on every thread: nothing of it moves
         if (member == 0 && tid == 0) record_invalid(t, a, p, static_cast<std::uint64_t>(s_list[l]), epoch);
         continue;
       }
-      const std::byte* src = a.buffers[static_cast<int>(s.src)].local;
+      if (waits_for_peer(s, plan, me)) {  // every CTA of the group, before any of its rows
+        // first the flags of what this CTA copied so far: the peer may be waiting for them
+        __syncthreads();
+        raise_flags(raised, l);
+        raised = l;
+        for (std::uint32_t w = static_cast<std::uint32_t>(tid); w < s.wait_count; w += kThreads) {
+          const FlagWait fw = plan.waits.data[s.wait_begin + w];
+          if (fw.from_rank != me &&
+              !wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.segment_flags) + fw.flag, kGinSegmentFlagSignal + fw.flag,
+                         epoch * fw.expected * static_cast<std::uint64_t>(a.ctas_per_peer), fw.from_rank, drain_subject(a.drain), epoch)) {
+            s_stalled = 1;
+          }
+        }
+        __syncthreads();  // also extends the acquire to the CTA
+        if (s_stalled) return;  // recorded: the step is failing
+      }
+      const int dest = s.dest_rank;
+      const bool gin_peer = t.region[dest] == nullptr;
+      const bool paced = paced_group && dest != me;
+      const SegmentBuffer& from = a.buffers[static_cast<int>(s.src)];
+      const std::byte* src = from.local;
       const std::size_t dst_offset = a.buffers[static_cast<int>(s.dst)].region_offset;
-      const std::int64_t src_first = s.gather_count > 0 ? static_cast<std::int64_t>(s.gather_begin) : s.src_row;
+      const bool through_table = s.gather_count > 0 && a.gather_rows != nullptr;
+      const std::int64_t src_first = s.gather_count > 0 && !through_table ? static_cast<std::int64_t>(s.gather_begin) : s.src_row;
       const std::size_t col_offset = static_cast<std::size_t>(s.col_begin) * 2;
       const int col_bytes = static_cast<int>(s.col_end - s.col_begin) * 2;
       if (a.silent || s.rows == 0) {
@@ -114,22 +208,30 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
           const std::size_t src_offset = static_cast<std::size_t>(src - t.region[me]);
           ::cuda::atomic_thread_fence(::cuda::memory_order_release, ::cuda::thread_scope_system);
           if (static_cast<std::size_t>(col_bytes) == row_bytes) {  // whole rows: one put
-            gin_put(t, p, dst_offset + static_cast<std::size_t>(s.dst_row) * row_bytes,
+            gin_put(t, dest, dst_offset + static_cast<std::size_t>(s.dst_row) * row_bytes,
                     src_offset + static_cast<std::size_t>(src_first) * row_bytes, static_cast<std::size_t>(s.rows) * row_bytes);
           } else {
             for (std::int64_t i = 0; i < s.rows; ++i) {
-              gin_put(t, p, dst_offset + static_cast<std::size_t>(s.dst_row + i) * row_bytes + col_offset,
+              gin_put(t, dest, dst_offset + static_cast<std::size_t>(s.dst_row + i) * row_bytes + col_offset,
                       src_offset + static_cast<std::size_t>(src_first + i) * row_bytes + col_offset, static_cast<std::size_t>(col_bytes));
             }
           }
         }
       } else {
-        std::byte* dst_rows = region_at<std::byte>(t, p, dst_offset);
+        std::byte* dst_rows = region_at<std::byte>(t, dest, dst_offset);
         int i = warp - static_cast<int>(running % warps);
         if (i < 0) i += warps;
         for (; i < s.rows; i += warps) {
+          std::int64_t src_row = src_first + i;
+          if (through_table) {
+            src_row = a.gather_rows[s.gather_begin + static_cast<std::uint32_t>(i)];
+            if (src_row < 0 || src_row >= from.rows) {  // a table entry past the buffer: the row is not copied
+              if (lane == 0) record_invalid(t, a, p, static_cast<std::uint64_t>(s_list[l]), epoch);
+              continue;
+            }
+          }
           copy_row(dst_rows + static_cast<std::size_t>(s.dst_row + i) * row_bytes + col_offset,
-                   src + static_cast<std::size_t>(src_first + i) * row_bytes + col_offset, col_bytes, lane);
+                   src + static_cast<std::size_t>(src_row) * row_bytes + col_offset, col_bytes, lane);
           if (paced) {
             sent += col_bytes;
             if (lane == 0) pace_link(t, start, sent, 1.0 / ((N - 1) * warps));
@@ -141,31 +243,8 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
     }
     __syncthreads();  // every row this CTA stored for the batch is ordered before the releases below
 
-    // 3. the batch's flags at p: one add per run of listed segments that name the same flag (a
-    //    thread per run head); a GIN peer's signals by thread 0, after its puts on one context
-    if (!a.silent) {
-      auto run_at = [&](int l, std::int32_t flag) {
-        int n = 1;
-        while (l + n < listed && plan.segments.data[s_list[l + n]].dest_flag == flag) ++n;
-        return n;
-      };
-      if (gin_peer) {
-        if (tid == 0) {
-          for (int l = 0; l < listed;) {
-            const std::int32_t f = plan.segments.data[s_list[l]].dest_flag;
-            const int n = run_at(l, f);
-            if (flag_held(f, N)) gin_signal_add(t, p, kGinSegmentFlagSignal + static_cast<unsigned>(f), static_cast<std::uint64_t>(n));
-            l += n;
-          }
-        }
-      } else if (tid < listed) {
-        const std::int32_t f = plan.segments.data[s_list[tid]].dest_flag;
-        const bool head = tid == 0 || plan.segments.data[s_list[tid - 1]].dest_flag != f;
-        if (head && flag_held(f, N)) {
-          add_release(region_at<std::uint64_t>(t, p, a.layout.segment_flags) + f, static_cast<std::uint64_t>(run_at(tid, f)));
-        }
-      }
-    }
+    // 3. the rest of the batch's flags
+    raise_flags(raised, listed);
     listed_before += listed;
     __syncthreads();  // all have read s_list before the next batch rewrites it
   }
@@ -202,6 +281,9 @@ void launch_segment_copy(cudaStream_t stream, const DeviceTransport& t, const Se
   if (a.plan == nullptr || a.epoch == nullptr || a.ctas_per_peer < 1 || a.hidden % 8 != 0 || a.first_segment < 0 ||
       a.segment_count < 0) {
     throw_internal("segment copy: bad arguments");
+  }
+  if (a.gather_rows != nullptr && (t.gin_comm != nullptr || a.gather_room < 0)) {
+    throw_internal("segment copy: a gather table needs load/store peers (a put sends contiguous rows)");
   }
   if (t.gin_comm != nullptr) {  // puts read the window: whatever a segment reads must live in the region
     for (const SegmentBuffer& b : a.buffers) {

@@ -9,16 +9,22 @@
 //  - CTAs in groups of ctas_per_peer, a group per destination rank, this rank's next ranks first
 //    and itself last, so that at any moment the groups write to different peers (every link
 //    busy) and the local copy overlaps. A group's warps take the rows of its segments in turn.
+//    A local segment that waits for rank q (a placement of the rows q sent) runs in q's group,
+//    after that group's sends to q, whose flags it raises before it waits: the placements
+//    spread over every group, and two ranks placing each other's rows never wait on each other.
 //  - A segment's flag is a counter in the destination's region (EpRegionLayout::segment_flags),
 //    or a GIN signal for a peer on another node. Every CTA of a group raises it once for each of
 //    the group's segments that names it, after all its rows are stored, so a segment is whole at
 //    ctas_per_peer raises; the counters only grow (no reset, so graph replays need none), and a
 //    plan's wait for count c in step e waits for e * c * ctas_per_peer.
-//  - Gathers: a segment that reads Input rows through gather_rows reads the permuted copy of
-//    Input the layout wrote: its row gather_begin + i is Input[gather_rows[gather_begin + i]] (a
-//    rank's gather table is its permuted order), so every segment reads contiguous rows.
-//  - Segment waits are met by stream order: the grid runs after every task before its range on
-//    this rank. A segment that waits for another rank is not supported (no compiler emits one).
+//  - Gathers: with the plan's gather table on the device (SegmentCopyArgs::gather_rows: a
+//    dispatch once per destination rank), a gathered segment's row i is its source buffer's row
+//    gather_rows[gather_begin + i], as on the CPU engine. Without one, only Input is gathered, and
+//    from the permuted copy the layout wrote: row gather_begin + i (a rank's gather table starts
+//    with its permuted order), so that every segment reads contiguous rows (GIN puts need that).
+//  - Waits for this rank's own flags are met by stream order: the grid runs after every task
+//    before its range on this rank. A wait for another rank's flag (a placement waiting for its
+//    source's rows to arrive) is waited for, bounded, by every CTA of the group before it copies.
 //  - A plan it cannot run (an overflowed table, a buffer or flag the exchange does not hold, rows
 //    past a buffer's room) is recorded as WaitState::PlanInvalid, naming the segment; nothing of
 //    that segment is copied.
@@ -54,6 +60,8 @@ struct SegmentCopyArgs {
   int first_segment = 0;                 // the range [first_segment, first_segment + segment_count),
   int segment_count = 0;                 // clipped to the plan's segments
   SegmentBuffer buffers[kBufferCount];   // indexed by BufferId
+  const int* gather_rows = nullptr;      // the plan's gather table (this rank's region), or null (see above)
+  std::int64_t gather_room = 0;          // its entries
   int hidden = 0;
   int ctas_per_peer = 1;
   SegmentDrain drain = SegmentDrain::GemmTiles;

@@ -13,7 +13,7 @@ using device_compile::kPrefixThreads;
 __global__ void __launch_bounds__(kPrefixThreads) sequential_prefix_kernel(const int* counts, const int* offsets, int world,
                                                                           int experts, int* offset, int* rank_row, int* prefix,
                                                                           plan_detail::SequentialShape shape) {
-  device_compile::counts_and_prefix(counts, offsets, world, experts, offset, rank_row, prefix, shape);
+  device_compile::counts_and_prefix(counts, offsets, nullptr, world, experts, offset, rank_row, prefix, shape);
 }
 
 }  // namespace
@@ -27,13 +27,14 @@ struct SequentialCompile {
   }
 };
 
-void launch_compile_sequential(cudaStream_t stream, const int* counts, const int* offsets,
+void launch_compile_sequential(cudaStream_t stream, const int* counts, const int* offsets, const int* rank_tokens,
                                const plan_detail::SequentialShape& shape, const DevicePlanTables& plan) {
   if (counts == nullptr && offsets == nullptr) throw_internal("sequential device compiler: no counts");
+  if ((rank_tokens != nullptr) != plan_detail::once_per_rank(shape)) throw_internal("sequential device compiler: rank token counts");
   sequential_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(counts, offsets, plan.world(), plan.experts(), plan.offset(),
                                                              plan.rank_row(), plan.prefix(), shape);
   TILEMOE_CUDA_CHECK_LAUNCH("sequential plan compiler (prefix sums)");
-  device_compile::launch_plan_tables(stream, plan, SequentialCompile{shape}, "sequential plan compiler (tables)");
+  device_compile::launch_plan_tables(stream, plan, rank_tokens, SequentialCompile{shape}, "sequential plan compiler (tables)");
 }
 
 }  // namespace tilemoe::cuda

@@ -12,8 +12,10 @@ namespace tilemoe::cuda {
 
 // Every rank's counts come either as `counts` [world][experts] (the device dispatch's inbox) or,
 // when `counts` is null, as `offsets` [world][experts + 1] (the host path's gathered layouts, a
-// world of one's own). Writes `plan`'s tables for shape.rank.
-void launch_compile_sequential(cudaStream_t stream, const int* counts, const int* offsets,
+// world of one's own). `rank_tokens` [world][world] (StepCounts::rank_tokens, the exchange's
+// inbox) with a dispatch once per destination rank, else null. Writes `plan`'s tables for
+// shape.rank.
+void launch_compile_sequential(cudaStream_t stream, const int* counts, const int* offsets, const int* rank_tokens,
                                const plan_detail::SequentialShape& shape, const DevicePlanTables& plan);
 
 }  // namespace tilemoe::cuda

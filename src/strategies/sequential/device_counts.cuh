@@ -56,8 +56,10 @@ __device__ inline void warp_exclusive_prefix(int n, int* out, int lane, Value va
 
 // Every thread of the CTA calls it; returns the counts' view, complete (after a barrier), with
 // the sequential prefix sums in prefix[0, sequential_prefix_size(L)).
-__device__ inline plan_detail::StepCounts counts_and_prefix(const int* counts, const int* offsets, int world, int experts, int* offset,
-                                                            int* rank_row, int* prefix, const plan_detail::SequentialShape& shape) {
+// `rank_tokens` (StepCounts::rank_tokens) is only passed through: null with a row per expert.
+__device__ inline plan_detail::StepCounts counts_and_prefix(const int* counts, const int* offsets, const int* rank_tokens, int world,
+                                                            int experts, int* offset, int* rank_row, int* prefix,
+                                                            const plan_detail::SequentialShape& shape) {
   const int thread = static_cast<int>(threadIdx.x), threads = static_cast<int>(blockDim.x);
   const int lane = thread % 32, warp = thread / 32, warps = threads / 32;
   const int L = experts / world;
@@ -78,7 +80,7 @@ __device__ inline plan_detail::StepCounts counts_and_prefix(const int* counts, c
   __syncthreads();
   for (int d = warp; d < world; d += warps) warp_exclusive_scan(rank_row + d * (L + 1), rank_row + d * (L + 1), L, lane);
   __syncthreads();
-  const plan_detail::StepCounts view{world, experts, L, offset, rank_row};
+  const plan_detail::StepCounts view{world, experts, L, offset, rank_row, rank_tokens};
   // each GEMM's tiles per local expert, their prefix sums and the tiles that compute rows
   if (warp < 2) {
     const int layer = warp, col_tiles = plan_detail::sequential_column_tiles(shape, layer);
@@ -102,8 +104,9 @@ __device__ inline plan_detail::StepCounts counts_and_prefix(const int* counts, c
 // counts back; `tables` (the pointers and room) comes by value, so no CTA reads what it writes.
 template <typename Compile>
 __global__ void __launch_bounds__(kEntryThreads) plan_tables_kernel(int world, int experts, const int* offset, const int* rank_row,
-                                                                   const int* prefix, Compile compile, PlanTables tables, PlanTables* plan) {
-  const plan_detail::StepCounts view{world, experts, experts / world, offset, rank_row};
+                                                                   const int* rank_tokens, const int* prefix, Compile compile,
+                                                                   PlanTables tables, PlanTables* plan) {
+  const plan_detail::StepCounts view{world, experts, experts / world, offset, rank_row, rank_tokens};
   const int lane = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x), lanes = static_cast<int>(gridDim.x * blockDim.x);
   compile(view, prefix, tables, lane, lanes);
   if (lane == 0) *plan = tables;
@@ -112,10 +115,11 @@ __global__ void __launch_bounds__(kEntryThreads) plan_tables_kernel(int world, i
 // Launches it with a thread per entry of the largest table's room (each thread takes every
 // lanes-th entry past that; at most 1024 CTAs).
 template <typename Compile>
-void launch_plan_tables(cudaStream_t stream, const DevicePlanTables& plan, const Compile& compile, const char* what) {
+void launch_plan_tables(cudaStream_t stream, const DevicePlanTables& plan, const int* rank_tokens, const Compile& compile,
+                        const char* what) {
   const int ctas = std::min((plan.most_entries() + kEntryThreads - 1) / kEntryThreads, 1024);
-  plan_tables_kernel<<<ctas, kEntryThreads, 0, stream>>>(plan.world(), plan.experts(), plan.offset(), plan.rank_row(), plan.prefix(),
-                                                         compile, plan.empty_tables(), plan.view());
+  plan_tables_kernel<<<ctas, kEntryThreads, 0, stream>>>(plan.world(), plan.experts(), plan.offset(), plan.rank_row(), rank_tokens,
+                                                         plan.prefix(), compile, plan.empty_tables(), plan.view());
   TILEMOE_CUDA_CHECK_LAUNCH(what);
 }
 

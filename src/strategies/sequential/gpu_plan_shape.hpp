@@ -13,11 +13,10 @@
 
 namespace tilemoe::plan_detail {
 
-// `receive_rows`: the most expert rows the rank's buffers hold (0: no bound).
-// The device exchange sends a row per expert: it has no placement at the receiver yet.
-inline constexpr DispatchVolume kGpuDispatchVolume = DispatchVolume::RowPerExpert;
-
-inline SequentialShape gpu_sequential_shape(const MoeConfig& layer, int rank, std::int64_t tokens, std::int64_t receive_rows = 0) {
+// `receive_rows`: the most expert rows the rank's buffers hold (0: no bound). `dispatch`: the
+// layer's dispatch volume (EpMoeLayerOptions::dispatch_volume as the layer resolved it).
+inline SequentialShape gpu_sequential_shape(const MoeConfig& layer, int rank, std::int64_t tokens, DispatchVolume dispatch,
+                                            std::int64_t receive_rows = 0) {
   SequentialShape shape;
   shape.rank = rank;
   shape.tokens = tokens;
@@ -33,7 +32,7 @@ inline SequentialShape gpu_sequential_shape(const MoeConfig& layer, int rank, st
   shape.band_block[1] = 0;
   shape.combine_tokens = PlanOptions{}.combine_tokens;
   shape.receive_rows = receive_rows;
-  shape.dispatch = kGpuDispatchVolume;
+  shape.dispatch = dispatch;
   return shape;
 }
 

@@ -16,7 +16,7 @@ __global__ void __launch_bounds__(kPrefixThreads) tile_signal_prefix_kernel(cons
                                                                            int* rank_row, int* prefix,
                                                                            plan_detail::TileSignalShape shape) {
   const plan_detail::StepCounts view =
-      device_compile::counts_and_prefix(counts, nullptr, world, experts, offset, rank_row, prefix, shape.gemm);
+      device_compile::counts_and_prefix(counts, nullptr, nullptr, world, experts, offset, rank_row, prefix, shape.gemm);
   const int L = view.local_experts;
   if (threadIdx.x < 32) {
     device_compile::warp_exclusive_prefix(L, prefix + plan_detail::sequential_prefix_size(L), static_cast<int>(threadIdx.x),
@@ -35,16 +35,17 @@ struct TileSignalCompile {
   }
 };
 
-void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const plan_detail::TileSignalShape& shape,
+void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const int* rank_tokens, const plan_detail::TileSignalShape& shape,
                                 const DevicePlanTables& plan) {
   if (counts == nullptr) throw_internal("tile_signal device compiler: no counts");
+  if ((rank_tokens != nullptr) != plan_detail::once_per_rank(shape.gemm)) throw_internal("tile_signal device compiler: rank token counts");
   if (plan_detail::tile_signal_prefix_size(plan.experts() / plan.world()) > DevicePlanTables::prefix_room(plan.world(), plan.experts())) {
     throw_internal("tile_signal device compiler: the plan's prefix room is too small");
   }
   tile_signal_prefix_kernel<<<1, kPrefixThreads, 0, stream>>>(counts, plan.world(), plan.experts(), plan.offset(), plan.rank_row(),
                                                               plan.prefix(), shape);
   TILEMOE_CUDA_CHECK_LAUNCH("tile_signal plan compiler (prefix sums)");
-  device_compile::launch_plan_tables(stream, plan, TileSignalCompile{shape}, "tile_signal plan compiler (tables)");
+  device_compile::launch_plan_tables(stream, plan, rank_tokens, TileSignalCompile{shape}, "tile_signal plan compiler (tables)");
 }
 
 }  // namespace tilemoe::cuda

@@ -9,9 +9,10 @@
 
 namespace tilemoe::cuda {
 
-// Every rank's counts as `counts` [world][experts] (the device dispatch's inbox). Writes
-// `plan`'s tables for shape.gemm.rank.
-void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const plan_detail::TileSignalShape& shape,
+// Every rank's counts as `counts` [world][experts] (the device dispatch's inbox), and with a
+// dispatch once per destination rank `rank_tokens` [world][world] (else null). Writes `plan`'s
+// tables for shape.gemm.rank.
+void launch_compile_tile_signal(cudaStream_t stream, const int* counts, const int* rank_tokens, const plan_detail::TileSignalShape& shape,
                                 const DevicePlanTables& plan);
 
 }  // namespace tilemoe::cuda

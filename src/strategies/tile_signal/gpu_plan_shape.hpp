@@ -10,9 +10,9 @@
 namespace tilemoe::plan_detail {
 
 inline TileSignalShape gpu_tile_signal_shape(const MoeConfig& layer, int rank, std::int64_t tokens, int band_block, int bands_per_segment,
-                                             std::int64_t receive_rows = 0) {
+                                             DispatchVolume dispatch, std::int64_t receive_rows = 0) {
   TileSignalShape shape;
-  shape.gemm = gpu_sequential_shape(layer, rank, tokens, receive_rows);
+  shape.gemm = gpu_sequential_shape(layer, rank, tokens, dispatch, receive_rows);
   shape.gemm.band_block[1] = band_block;
   shape.bands_per_segment = bands_per_segment;
   return shape;
