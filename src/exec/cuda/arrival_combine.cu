@@ -20,21 +20,16 @@ __global__ void __launch_bounds__(kArrivalCombineThreads) arrival_combine_kernel
   const std::uint64_t* arrivals = region_at<std::uint64_t>(t, t.rank, a.row_arrivals);
   const auto* rows = region_at<__nv_bfloat16>(t, t.rank, a.returned_rows);
   const int tid = static_cast<int>(threadIdx.x), k = a.top_k, vectors = a.hidden / 8;
-  __shared__ int s_ok;
-  if (tid == 0) s_ok = !transport_failed(t);
-  __syncthreads();
+  // a failing step combines nothing (every thread reaches the same verdict by the barrier's or)
+  if (__syncthreads_or(tid == 0 && transport_failed(t))) return;
   for (int token = static_cast<int>(blockIdx.x); token < a.tokens; token += static_cast<int>(gridDim.x)) {
-    for (int j = tid; j < k; j += kArrivalCombineThreads) {
+    int failed = 0;
+    for (int j = tid; j < k && !failed; j += kArrivalCombineThreads) {
       const int slot = token * k + j;
       const int source = a.expert[slot] / a.local_experts;  // whose consumer ships the row
-      if (s_ok && !wait_at_least(t, arrivals + a.row_of_slot[slot], epoch, source, comm::WaitSubject::CombineRows, epoch)) {
-        s_ok = 0;
-      }
+      failed = !wait_at_least(t, arrivals + a.row_of_slot[slot], epoch, source, comm::WaitSubject::CombineRows, epoch);
     }
-    __syncthreads();  // extends the flags' acquire to the CTA
-    const bool ok = s_ok != 0;
-    __syncthreads();  // all have read s_ok before the next token's waits may clear it
-    if (!ok) return;
+    if (__syncthreads_or(failed)) return;  // the barrier also extends the flags' acquire to the CTA
     for (int v = tid; v < vectors; v += kArrivalCombineThreads) {
       reinterpret_cast<uint4*>(a.output + static_cast<std::size_t>(token) * a.hidden)[v] =
           combine_vector(rows, a.weight, a.row_of_slot, token, k, a.hidden, v);

@@ -107,6 +107,9 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
   double sent = 0;
   std::int64_t running = 0;  // rows of the group's segments so far: row `running + i` is warp (running + i) % warps's
   int listed_before = 0;     // the group's segments so far: segment `listed_before + l` is put by member (...) % ctas_per_peer
+  // the waits this CTA met last: the placements of one source share them (their flags only grow,
+  // so met once they stay met for the step)
+  std::uint32_t met_begin = 0, met_count = 0;
 
   // The flags of the listed segments [from, to) at their destinations, after a __syncthreads that
   // orders every row this CTA stored for them before the releases: one add per run of segments
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
         if (member == 0 && tid == 0) record_invalid(t, a, p, static_cast<std::uint64_t>(s_list[l]), epoch);
         continue;
       }
-      if (waits_for_peer(s, plan, me)) {  // every CTA of the group, before any of its rows
+      if ((s.wait_begin != met_begin || s.wait_count != met_count) && waits_for_peer(s, plan, me)) {  // every CTA of the group
         // first the flags of what this CTA copied so far: the peer may be waiting for them
         __syncthreads();
         raise_flags(raised, l);
@@ -190,6 +193,8 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
         }
         __syncthreads();  // also extends the acquire to the CTA
         if (s_stalled) return;  // recorded: the step is failing
+        met_begin = s.wait_begin;
+        met_count = s.wait_count;
       }
       const int dest = s.dest_rank;
       const bool gin_peer = t.region[dest] == nullptr;
