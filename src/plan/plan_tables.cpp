@@ -182,8 +182,8 @@ std::string first_table_difference(const StepPlan& a, const StepPlan& b) {
   return "";
 }
 
-HostStepCounts::HostStepCounts(std::vector<int> counts, int world, int experts, std::vector<int> rank_tokens)
-    : counts_(std::move(counts)), rank_tokens_(std::move(rank_tokens)) {
+HostStepCounts::HostStepCounts(std::vector<int> counts, int world, int experts, std::vector<int> rank_tokens, SendLists send_lists)
+    : counts_(std::move(counts)), rank_tokens_(std::move(rank_tokens)), send_lists_(std::move(send_lists)) {
   if (world < 1 || experts < world || experts % world != 0 ||
       counts_.size() != static_cast<std::size_t>(world) * static_cast<std::size_t>(experts)) {
     throw_internal("step counts: " + std::to_string(counts_.size()) + " counts for " + std::to_string(world) + " ranks and " +
@@ -200,11 +200,10 @@ HostStepCounts::HostStepCounts(std::vector<int> counts, int world, int experts, 
   view_ = StepCounts{world, experts, local, offset_.data(), rank_row_.data(), rank_tokens_.empty() ? nullptr : rank_tokens_.data()};
 }
 
-std::vector<std::vector<std::vector<std::int64_t>>> rank_send_lists(const std::vector<Routing>& routing, int experts) {
+SendLists rank_send_lists(const std::vector<Routing>& routing, int experts) {
   const auto world = static_cast<int>(routing.size());
   const int local = experts / world;
-  std::vector<std::vector<std::vector<std::int64_t>>> lists(static_cast<std::size_t>(world),
-                                                            std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(world)));
+  SendLists lists(static_cast<std::size_t>(world), std::vector<std::vector<std::int64_t>>(static_cast<std::size_t>(world)));
   std::vector<std::int64_t> last_token(static_cast<std::size_t>(world));
   for (int q = 0; q < world; ++q) {
     const Routing& r = routing[static_cast<std::size_t>(q)];
@@ -231,14 +230,14 @@ HostStepCounts routing_counts(const std::vector<Routing>& routing, int experts) 
       if (r.kept[s]) ++counts[static_cast<std::size_t>(q) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(r.expert[s])];
     }
   }
-  const auto lists = rank_send_lists(routing, experts);
+  SendLists lists = rank_send_lists(routing, experts);
   std::vector<int> rank_tokens(static_cast<std::size_t>(world) * static_cast<std::size_t>(world));
   for (int q = 0; q < world; ++q) {
     for (int d = 0; d < world; ++d) {
       rank_tokens[static_cast<std::size_t>(q * world + d)] = static_cast<int>(lists[static_cast<std::size_t>(q)][static_cast<std::size_t>(d)].size());
     }
   }
-  return HostStepCounts(std::move(counts), world, experts, std::move(rank_tokens));
+  return HostStepCounts(std::move(counts), world, experts, std::move(rank_tokens), std::move(lists));
 }
 
 namespace {
@@ -264,8 +263,9 @@ void add_input_scales(StepPlan& plan, const std::vector<Routing>& routing, const
 
 }  // namespace
 
-void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch,
+void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const HostStepCounts& host_counts, DispatchVolume dispatch,
                       DispatchOrder order, bool scales_input) {
+  const StepCounts& counts = host_counts.view();
   const int rank = plan.rank, world = counts.world, L = counts.local_experts;
   const Routing& own = routing[static_cast<std::size_t>(rank)];
   std::vector<std::int64_t> next(static_cast<std::size_t>(counts.experts));
@@ -293,7 +293,8 @@ void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const
     plan.expert_in_scale.clear();
   }
   if (!once) return;
-  const auto lists = rank_send_lists(routing, counts.experts);
+  const SendLists& lists = host_counts.send_lists();
+  if (lists.size() != static_cast<std::size_t>(world)) throw_internal("token tables: the step's counts carry no send lists");
   for (int d = 0; d < world; ++d) {
     const auto& list = lists[static_cast<std::size_t>(rank)][static_cast<std::size_t>(d)];
     std::copy(list.begin(), list.end(), plan.gather_rows.begin() + counts.send_list_row(rank, d));

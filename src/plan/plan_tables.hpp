@@ -45,24 +45,28 @@ void copy_plan_tables(const PlanTables& tables, StepPlan& plan);
 // not compared.
 std::string first_table_difference(const StepPlan& a, const StepPlan& b);
 
+// The tokens of rank q that chose any expert of rank d (a kept row), ascending: what a dispatch
+// once per destination rank sends (none from a rank to itself). [q][d].
+using SendLists = std::vector<std::vector<std::vector<std::int64_t>>>;
+SendLists rank_send_lists(const std::vector<Routing>& routing, int experts);
+
 // Every rank's counts, with the offsets a compiler reads (StepCounts views this object: keep it).
 class HostStepCounts {
  public:
   // `counts` [world][experts]: rank q's kept rows for global expert x. `rank_tokens`
-  // [world][world] (StepCounts::rank_tokens), or empty when no compiler reads it.
-  HostStepCounts(std::vector<int> counts, int world, int experts, std::vector<int> rank_tokens = {});
+  // [world][world] (StepCounts::rank_tokens), or empty when no compiler reads it; `send_lists`
+  // the lists they count (rank_send_lists), for the per-token tables, or empty.
+  HostStepCounts(std::vector<int> counts, int world, int experts, std::vector<int> rank_tokens = {}, SendLists send_lists = {});
   const StepCounts& view() const { return view_; }
   const std::vector<int>& counts() const { return counts_; }
+  const SendLists& send_lists() const { return send_lists_; }
 
  private:
   std::vector<int> counts_, offset_, rank_row_, rank_tokens_;
+  SendLists send_lists_;
   StepCounts view_;
 };
 HostStepCounts routing_counts(const std::vector<Routing>& routing, int experts);
-
-// The tokens of rank q that chose any expert of rank d (a kept row), ascending: what a dispatch
-// once per destination rank sends (none from a rank to itself). [q][d].
-std::vector<std::vector<std::vector<std::int64_t>>> rank_send_lists(const std::vector<Routing>& routing, int experts);
 
 // A rank's per-token tables from every rank's routing (see step_counts.hpp for the layout of
 // gather_rows): its permuted order; with a dispatch once per rank its send lists and, for each
@@ -70,7 +74,7 @@ std::vector<std::vector<std::vector<std::int64_t>>> rank_send_lists(const std::v
 // (each kept slot's row in the permuted order, which is where its expert output comes back) and
 // combine_weight; with `scales_input` (RouterConfig's) each ExpertIn row's input scale, the
 // weight of the slot it holds, and combine weights of 1.
-void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const StepCounts& counts, DispatchVolume dispatch,
+void add_token_tables(StepPlan& plan, const std::vector<Routing>& routing, const HostStepCounts& counts, DispatchVolume dispatch,
                       DispatchOrder order, bool scales_input);
 
 }  // namespace tilemoe::plan_detail

@@ -152,7 +152,7 @@ void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const Syn
   for (std::size_t r = 0; r < device_plans.size() && difference.empty(); ++r) {
     difference = plan_detail::first_table_difference(device_plans[r], host_plans[r]);
     if (!difference.empty()) difference = "rank " + std::to_string(r) + ": " + difference + " (device / host)";
-    plan_detail::add_token_tables(device_plans[r], routing, counts.view(), volume, plan_detail::DispatchOrder::Ascending, false);
+    plan_detail::add_token_tables(device_plans[r], routing, counts, volume, plan_detail::DispatchOrder::Ascending, false);
   }
   if (!difference.empty()) std::printf("  %s\n", difference.c_str());
   expect(difference.empty(), std::string("every rank's device-built plan (") + path +
@@ -592,7 +592,7 @@ void world_of_one_is_the_one_gpu_layer() {
         device_plan[0],
         plan_detail::compile_sequential_at(world, routing, PlanOptions{},
                                            plan_detail::gpu_sequential_shape(world.layer, 0, 0, DispatchVolume::RowPerExpert))[0]);
-    plan_detail::add_token_tables(device_plan[0], routing, plan_detail::routing_counts(routing, static_cast<int>(config.num_experts)).view(),
+    plan_detail::add_token_tables(device_plan[0], routing, plan_detail::routing_counts(routing, static_cast<int>(config.num_experts)),
                                   DispatchVolume::RowPerExpert, plan_detail::DispatchOrder::Ascending, false);
     bool valid = true;
     try {

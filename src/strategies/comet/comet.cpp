@@ -44,7 +44,7 @@ std::vector<StepPlan> compile_comet(const EpWorld& world, const std::vector<Rout
     comet_prefix(view, shape, prefix.data());
     compile_comet_tables(view, shape, prefix.data(), tables.view());
     copy_plan_tables(tables.view(), plan);
-    add_token_tables(plan, routing, view, shape.gemm.dispatch, DispatchOrder::Ring, world.layer.router.scales_input);
+    add_token_tables(plan, routing, counts, shape.gemm.dispatch, DispatchOrder::Ring, world.layer.router.scales_input);
   }
   return plans;
 }

@@ -41,7 +41,7 @@ std::vector<StepPlan> compile_sequential_at(const EpWorld& world, const std::vec
     sequential_prefix(counts.view(), shape, tile_first.data());
     compile_sequential_tables(counts.view(), shape, tile_first.data(), tables.view());
     copy_plan_tables(tables.view(), plan);
-    add_token_tables(plan, routing, counts.view(), shape.dispatch, DispatchOrder::Ascending, world.layer.router.scales_input);
+    add_token_tables(plan, routing, counts, shape.dispatch, DispatchOrder::Ascending, world.layer.router.scales_input);
   }
   return plans;
 }

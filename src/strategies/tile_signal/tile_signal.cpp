@@ -50,7 +50,7 @@ std::vector<StepPlan> compile_tile_signal_at(const EpWorld& world, const std::ve
     tile_signal_prefix(view, shape.gemm, prefix.data());
     compile_tile_signal_tables(view, shape, prefix.data(), tables.view());
     copy_plan_tables(tables.view(), plan);
-    add_token_tables(plan, routing, view, shape.gemm.dispatch, DispatchOrder::Ascending, world.layer.router.scales_input);
+    add_token_tables(plan, routing, counts, shape.gemm.dispatch, DispatchOrder::Ascending, world.layer.router.scales_input);
   }
   return plans;
 }
