@@ -285,11 +285,11 @@ for step in "${steps[@]}"; do
       run_step transformers env PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 240 python3 scripts/device/transformers_check.py \
         --tilemoe "$bin/tilemoe" --json "$out/transformers.json" ;;
     model-fixtures)  # the checked-in model fixtures (tests/fixtures/models) rerun by this machine's transformers,
-      # so that they cannot go stale; then the mixtral and qwen3 ones through the GPU's router (no shared expert;
-      # the GPU stores bf16, so the fp32 model runs rounded to bf16)
+      # so that they cannot go stale; then those the GPU runs through its router (mixtral, qwen3, and with their
+      # shared experts qwen2 and deepseek-v3; the GPU stores bf16, so the fp32 models run rounded to bf16)
       run_step model-fixtures env PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 120 python3 scripts/make_model_fixtures.py \
         --check tests/fixtures/models
-      for fixture in mixtral_fp32:1 mixtral_bf16_sharded:2 qwen3_moe_bf16_fused:0; do
+      for fixture in mixtral_fp32:1 mixtral_bf16_sharded:2 qwen3_moe_bf16_fused:0 qwen2_moe_fp32:1 deepseek_v3_bf16:1 deepseek_v3_fp32:2; do
         run_step "model-gpu-${fixture%%:*}" timeout 60 "$bin/tilemoe" run --backend cuda --ranks 2 --model "tests/fixtures/models/${fixture%%:*}" \
           --layer "${fixture##*:}" --inputs "tests/fixtures/models/${fixture%%:*}/block_case.safetensors" --dtype bf16
       done ;;

@@ -11,6 +11,7 @@
 #include "exec/cuda/ep_exchange.hpp"
 #include "ep_layer_inspector.hpp"
 #include "expert_ffn.hpp"
+#include "shared_expert_ffn.hpp"
 #include "layer_routing.hpp"
 #include "exec/cuda/gpu_rates.hpp"
 #include "kernels/moe_kernels.hpp"
@@ -110,6 +111,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   DeviceArray<__nv_bfloat16> staging;  // rows in source-major order, as the all-to-alls move them
   std::unique_ptr<PinnedArray<int>> host_gathered, host_tables;
   std::unique_ptr<ExpertFfn> ffn;
+  std::unique_ptr<SharedExpertFfn> shared;  // the layer's shared expert, if it has one
   // tile signal: GEMM1's band flags (the plan's flags from tile_signal_band_flag on), the
   // consumer's stream and the events that fork it off after GEMM0 and join it before the combine
   DeviceArray<unsigned> band_flags;
@@ -183,7 +185,8 @@ std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const Ep
       .bytes;
 }
 
-std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeLayerOptions& options, bool remote_peers) {
+std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeLayerOptions& options, bool remote_peers,
+                                     std::int64_t shared_expert_ffn) {
   validate_cuda_layer(c);
   if (world < 1 || c.num_experts % world != 0) {
     throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
@@ -231,6 +234,7 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   const auto band_room = static_cast<std::size_t>(
       plan_detail::tile_signal_max_bands(layout.receive_capacity, static_cast<int>(local_experts), plan_shape.tile_m) + 1);
   if (may_overlap) f.add(band_room, sizeof(unsigned));  // band_flags
+  if (shared_expert_ffn > 0) f.add(SharedExpertFfn::device_bytes(c, shared_expert_ffn, c.tokens));
   if (options.record_trace) {
     f.add(2 * static_cast<std::size_t>(plan_room.entries[plan_detail::kTilesTable]), sizeof(unsigned long long));  // tile_times
     if (may_overlap) f.add(3 * band_room, sizeof(unsigned long long));                                              // unit_times
@@ -461,11 +465,10 @@ EpMoeLayer::EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, Ran
                        EpMoeLayerHarness harness)
     : impl_(std::make_unique<Impl>()) {
   check_weights_match(weights, layer);
-  if (weights.has_biases() || weights.shared) {
-    throw_bad_input("the CUDA backend runs neither expert biases nor a shared expert yet (GPT-OSS, DeepSeek, Qwen2-MoE): use --backend cpu");
-  }
+  if (weights.has_biases()) throw_bad_input("the CUDA backend runs no expert biases yet (GPT-OSS): use --backend cpu");
   impl_->init(layer, transport, options, harness);
   if (impl_->ffn) impl_->ffn->upload(weights);
+  if (weights.shared) impl_->shared = std::make_unique<SharedExpertFfn>(layer, *weights.shared, layer.tokens, impl_->device);
   impl_->finish_init();
 }
 
@@ -806,6 +809,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       const auto* returned = m.direct ? m.ffn_out() : reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows));
       launch_combine(stream, returned, m.weight.data(), m.row_of_slot.data(), T, k, H, output);
     }
+    if (m.shared) m.shared->add(stream, input, output, T);  // on the routed sum (shared_expert.hpp)
     mark(kEpStageCount);
   } catch (...) {
     m.failed = true;

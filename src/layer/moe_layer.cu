@@ -69,14 +69,14 @@ MoeLayer::MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int de
   impl_->layer = std::make_unique<EpMoeLayer>(config, weights, impl_->world->rank(0), impl_->layer_options());
 }
 
-std::size_t MoeLayer::device_bytes(const MoeConfig& c, MoeLayerOptions options) {
+std::size_t MoeLayer::device_bytes(const MoeConfig& c, MoeLayerOptions options, std::int64_t shared_expert_ffn) {
   validate_cuda_layer(c);
   EpMoeLayerOptions o;
   o.gemm = options.gemm;
   DeviceFootprint f;
   f.add(EpMoeLayer::region_bytes(c, 1, o), 1);  // the world's region
   for (int i = 0; i < 4; ++i) f.add(1, 1);      // the world's own small records
-  return f.bytes() + EpMoeLayer::device_bytes(c, 1, o);
+  return f.bytes() + EpMoeLayer::device_bytes(c, 1, o, false, shared_expert_ffn);
 }
 
 MoeLayer::~MoeLayer() = default;

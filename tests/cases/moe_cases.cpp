@@ -1,6 +1,8 @@
 #include "moe_cases.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <random>
 
 #include "tilemoe/error.hpp"
 
@@ -175,6 +177,22 @@ std::vector<MoeCase> select_cases(bool expert_parallel, Mode mode, const std::ve
     chosen.push_back(*it);
   }
   return chosen;
+}
+
+std::shared_ptr<const SharedExpert> random_shared_expert(const MoeConfig& layer, std::int64_t ffn, bool gated, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  auto draw = [&](std::int64_t count, std::int64_t fan_in) {
+    std::vector<float> values(static_cast<std::size_t>(count));
+    const float scale = std::sqrt(3.0f / static_cast<float>(fan_in));
+    for (float& v : values) v = dist(rng) * scale;
+    return values;
+  };
+  const std::vector<float> w1 = draw(ffn * layer.hidden, layer.hidden), w3 = draw(ffn * layer.hidden, layer.hidden),
+                           w2 = draw(layer.hidden * ffn, ffn);
+  // x . gate has about unit variance on unit inputs: sigmoid spreads over about (0.1, 0.9)
+  const std::vector<float> gate = gated ? draw(layer.hidden, layer.hidden) : std::vector<float>{};
+  return std::make_shared<const SharedExpert>(make_shared_expert(layer, ffn, w1, w3, w2, gate));
 }
 
 }  // namespace tilemoe::cases

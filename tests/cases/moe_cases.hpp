@@ -6,11 +6,13 @@
 // (timed); either accepts any case of its kind by id (`--case mixtral-8x7b:4096`), so a
 // benchmark's shape can be checked for correctness and a test's shape timed.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tilemoe/config.hpp"
+#include "tilemoe/shared_expert.hpp"
 #include "tilemoe/synthetic.hpp"
 
 namespace tilemoe::cases {
@@ -63,5 +65,9 @@ std::uint64_t registry_place(const MoeCase& c);
 // `ids` is not empty, the cases of that kind with those ids, in the order given, whatever their
 // mode. An id of no case of that kind is bad input naming the ids there are.
 std::vector<MoeCase> select_cases(bool expert_parallel, Mode mode, const std::vector<std::string>& ids = {});
+
+// A shared expert `ffn` wide for `layer` (shared_expert.hpp), weights drawn as random_weights
+// draws an expert's, and with `gated` a gate row that spreads sigmoid over (0.1, 0.9).
+std::shared_ptr<const SharedExpert> random_shared_expert(const MoeConfig& layer, std::int64_t ffn, bool gated, std::uint64_t seed);
 
 }  // namespace tilemoe::cases

@@ -606,6 +606,50 @@ void world_of_one_is_the_one_gpu_layer() {
   }
 }
 
+// A gated shared expert on 4 ranks (one of them without tokens): each rank adds it to its own
+// tokens' routed sum; sequential and (with it) tile_signal give the same bits, and the outputs
+// match the CPU executor and fp64, which add it too.
+void shared_expert_on_every_rank(std::uint64_t seed) {
+  std::printf("a gated shared expert on 4 ranks\n");
+  EpWorld world;
+  world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 128, .num_experts = 16, .top_k = 4};
+  world.tokens_per_rank = {70, 41, 0, 64};
+  MoeConfig config = world.layer;
+  config.tokens = 70;
+  const SyntheticStep step = synthetic_step(world, RoutingPattern::Skewed, seed);
+  ExpertWeights weights = random_weights(world.layer, seed + 1);
+  weights.shared = cases::random_shared_expert(world.layer, 192, true, seed + 2);
+  cuda::VirtualWorld vw(4, cuda::EpMoeLayer::region_bytes(config, 4), 0, {world_timeout});
+  std::vector<Matrix> sequential_out(4), tile_out(4);
+  std::vector<Routing> routing(4);
+  on_every_rank(vw, [&](int r) {
+    const auto ri = static_cast<std::size_t>(r);
+    const std::int64_t T = world.tokens_per_rank[ri];
+    cuda::RankTransport& transport = vw.rank(r);
+    transport.bind_thread();
+    RankBuffers b(step.inputs[ri], step.logits[ri], T, config.hidden, transport.stream(cuda::RankStream::Main));
+    for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal}) {
+      if (strategy == Strategy::TileSignal && !with_tile_signal) continue;
+      cuda::EpMoeLayerOptions options;
+      options.strategy = strategy;
+      cuda::EpMoeLayer layer(config, weights, transport, options);
+      b.poison();
+      layer.forward(b.stream, b.input, b.logits, b.output, T);
+      layer.check(b.stream);
+      (strategy == Strategy::Sequential ? sequential_out : tile_out)[ri] = b.read(T, config.hidden);
+      if (strategy == Strategy::Sequential) routing[ri] = layer.last_routing(b.stream, T);
+      transport.host_barrier();
+    }
+    transport.host_barrier();
+  });
+  const cases::OracleErrors e = cases::oracle_errors(world, step.inputs, routing, weights, sequential_out, cases::kBf16Tolerance);
+  expect(e.within_tolerance(), "with a gated shared expert: the outputs against the CPU executor and fp64 (" + e.describe() + ")");
+  if (!with_tile_signal) return;
+  bool same = true;
+  for (std::size_t r = 0; r < 4; ++r) same = same && sequential_out[r].bitwise_equal(tile_out[r]);
+  expect(same, "with a shared expert, tile_signal gives the sequential output bitwise");
+}
+
 int main(int argc, char** argv) {
   // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound;
   // --no-tile-signal: the sequential paths only; --case ID (repeatable): those cases of the
@@ -662,6 +706,7 @@ int main(int argc, char** argv) {
       capacity_is_enforced();
       if (!small) device_memory_estimates_hold();
       world_of_one_is_the_one_gpu_layer();
+      shared_expert_on_every_rank(seed + 7);
       bad_input_is_refused();
       failed_rank_frees_its_peers();
     }

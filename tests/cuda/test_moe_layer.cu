@@ -315,6 +315,50 @@ void router_rules_match_the_cpu(std::uint64_t seed) {
   }
 }
 
+// A layer with a shared expert (DeepSeek's: two of the routed width stored as one, ungated;
+// Qwen2-MoE's: one of its own width, gated by a sigmoid): the GPU's output against the CPU
+// executor and fp64, which add it too (a shared expert the GPU left out would miss them by its
+// whole share of the output, about half of it here), on fresh inputs.
+void shared_expert_is_added(std::uint64_t seed) {
+  for (const bool gated : {false, true}) {
+    MoeConfig config = small_config(300, 8);
+    config.hidden = 256;
+    config.ffn_hidden = 128;
+    const std::int64_t width = gated ? 320 : 2 * config.ffn_hidden;
+    std::printf("shared expert, %s, %lld wide\n", gated ? "gated" : "ungated", static_cast<long long>(width));
+    ExpertWeights weights = random_weights(config, seed + 11);
+    weights.shared = cases::random_shared_expert(config, width, gated, seed + 12);
+    std::mt19937 rng(static_cast<unsigned>(seed + (gated ? 13 : 14)));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<std::uint16_t> x(static_cast<std::size_t>(config.tokens * config.hidden));
+    for (std::uint16_t& v : x) v = float_to_bf16_bits(normal(rng));
+    std::vector<float> logits(static_cast<std::size_t>(config.tokens * config.num_experts));
+    for (float& v : logits) v = normal(rng);
+    Matrix in(DType::BF16, config.tokens, config.hidden);
+    std::memcpy(in.data.data(), x.data(), in.data.size());
+    cuda::MoeLayer layer(config, weights, 0, layer_options());
+    auto* input = device_copy<__nv_bfloat16>(x.data(), x.size() * 2);
+    auto* d_logits = device_copy<float>(logits.data(), logits.size() * 4);
+    __nv_bfloat16* output = nullptr;
+    TILEMOE_CUDA_CHECK(cudaMalloc(&output, x.size() * 2));
+    TILEMOE_CUDA_CHECK(cudaMemset(output, 0xff, x.size() * 2));  // NaN poison
+    layer.forward(nullptr, input, d_logits, output, config.tokens);
+    check_or_exit(layer, nullptr);
+    const Routing gpu = layer.last_routing(nullptr, config.tokens);
+    Matrix out(DType::BF16, config.tokens, config.hidden);
+    TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out.data.size(), cudaMemcpyDeviceToHost));
+    EpWorld world;
+    world.layer = config;
+    world.tokens_per_rank = {config.tokens};
+    const cases::OracleErrors e = cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
+    expect(e.within_tolerance(), std::string(gated ? "a gated" : "an ungated") +
+                                     " shared expert: the layer's output against the CPU executor and fp64 (" + e.describe() + ")");
+    cudaFree(input);
+    cudaFree(d_logits);
+    cudaFree(output);
+  }
+}
+
 // Held by the host: spins until *release is set (or ~20 s pass, so a broken test cannot hang).
 __global__ void hold_stream(const volatile int* release) {
   const long long start = clock64();
@@ -408,13 +452,14 @@ int main(int argc, char** argv) {
   }
   // the checks beside the registry's cases; the memory estimate's is not small
   const std::string nan_check = "nan-logits", stall_check = "stalled-stream", memory_check = "device-memory-estimate",
-                    rules_check = "router-rules";
+                    rules_check = "router-rules", shared_check = "shared-expert";
   std::vector<std::string> case_ids, checks;
   for (const std::string& name : named) {
-    (name == nan_check || name == stall_check || name == memory_check || name == rules_check ? checks : case_ids).push_back(name);
+    (name == nan_check || name == stall_check || name == memory_check || name == rules_check || name == shared_check ? checks : case_ids)
+        .push_back(name);
   }
   if (named.empty()) {
-    checks = {nan_check, rules_check, stall_check};
+    checks = {nan_check, rules_check, shared_check, stall_check};
     if (!small) checks.push_back(memory_check);  // (run in a fixed order below, the stall last)
   }
   std::vector<cases::MoeCase> chosen;
@@ -449,6 +494,7 @@ int main(int argc, char** argv) {
     const auto asked = [&](const std::string& check) { return std::find(checks.begin(), checks.end(), check) != checks.end(); };
     if (asked(nan_check)) nan_logits_are_reported();
     if (asked(rules_check)) router_rules_match_the_cpu(seed);
+    if (asked(shared_check)) shared_expert_is_added(seed);
     if (asked(memory_check)) device_memory_estimate_holds();
     if (asked(stall_check)) stalled_stream_is_a_timeout();  // last: the stalled kernel may still run
   } catch (const std::exception& e) {

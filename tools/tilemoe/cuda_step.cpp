@@ -272,7 +272,7 @@ CudaStepOutput run_nccl_rank(const PreparedStep& step, const CudaStepOptions& op
 
 }  // namespace
 
-void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options) {
+void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options, std::int64_t shared_ffn_hidden) {
   require_device();
   const int ranks = world.world_size();
   const MoeConfig layer = largest_rank_layer(world);
@@ -283,7 +283,7 @@ void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options) {
   int ranks_here = 1;  // ranks whose memory this process's GPU holds
   const std::size_t gemm0_n = static_cast<std::size_t>(layer.activation == Activation::GELU ? 1 : 2) * layer.ffn_hidden;
   if (ranks == 1 && options.transport == "virtual") {
-    per_rank = cuda::MoeLayer::device_bytes(layer) + io;
+    per_rank = cuda::MoeLayer::device_bytes(layer, {}, shared_ffn_hidden) + io;
     weights = static_cast<std::size_t>(layer.num_experts) * (gemm0_n + layer.ffn_hidden) * layer.hidden * 2;
   } else {
     const cuda::EpMoeLayerOptions ep_options = ep_layer_options(options);
@@ -291,7 +291,7 @@ void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options) {
       throw_bad_input(std::to_string(layer.num_experts) + " experts do not divide evenly over " + std::to_string(ranks) +
                       " ranks: use a number of ranks that divides --experts");
     }
-    per_rank = cuda::EpMoeLayer::device_bytes(layer, ranks, ep_options) + io;
+    per_rank = cuda::EpMoeLayer::device_bytes(layer, ranks, ep_options, false, shared_ffn_hidden) + io;
     region = cuda::EpMoeLayer::region_bytes(layer, ranks, ep_options);
     weights = static_cast<std::size_t>(layer.num_experts / ranks) * (gemm0_n + layer.ffn_hidden) * layer.hidden * 2;
     if (options.transport == "virtual") ranks_here = ranks;

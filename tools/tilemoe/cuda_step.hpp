@@ -38,7 +38,8 @@ struct CudaStepOutput {
 
 // Refuses (bad input, exit 2) a step whose layers would not fit the free memory of this
 // process's GPU, naming the bytes it needs and what they are; before any data is made.
-void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options);
+// `shared_ffn_hidden`: the width of the layer's shared expert, 0: none.
+void check_gpu_memory(const EpWorld& world, const CudaStepOptions& options, std::int64_t shared_ffn_hidden = 0);
 
 CudaStepOutput run_cuda_step(const PreparedStep& step, const CudaStepOptions& options);
 

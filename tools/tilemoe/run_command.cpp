@@ -121,9 +121,6 @@ CudaStepOptions cuda_step_options(const RunOptions& options) {
 // routing the GPU chose (across backends the criterion is bf16 tolerance, not bitwise).
 int run_cuda(const RunOptions& options, const PreparedStep& step) {
 #ifdef TILEMOE_WITH_CUDA
-  if (step.weights.shared) {
-    throw_bad_input("this layer has a shared expert, which the CUDA backend does not run yet: use --backend cpu");
-  }
   const CudaStepOptions cuda_options = cuda_step_options(options);
   const CudaStepOutput gpu = run_cuda_step(step, cuda_options);
   // The CPU executor and fp64 on the routing the GPU chose, on the tokens the work bound affords:
@@ -251,9 +248,13 @@ int run(const RunOptions& options) {
   StepOptions step_options = options.step;
   step_options.strategies = std::max<int>(1, static_cast<int>(strategies.size()));
   step_options.cpu_engine = options.backend == "cpu";
-  std::function<void(const EpWorld&)> check_world;
+  WorldCheck check_world;
 #ifdef TILEMOE_WITH_CUDA
-  if (options.backend == "cuda") check_world = [&](const EpWorld& world) { check_gpu_memory(world, cuda_step_options(options)); };
+  if (options.backend == "cuda") {
+    check_world = [&](const EpWorld& world, std::int64_t shared_ffn_hidden) {
+      check_gpu_memory(world, cuda_step_options(options), shared_ffn_hidden);
+    };
+  }
 #endif
   const PreparedStep step = prepare_step(step_options, check_world);
   if (options.backend == "cuda") return run_cuda(options, step);

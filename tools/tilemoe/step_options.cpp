@@ -198,7 +198,7 @@ std::optional<DispatchVolume> given_dispatch_volume(const StepOptions& options) 
   return options.plan.dispatch;
 }
 
-PreparedStep prepare_step(const StepOptions& options, const std::function<void(const EpWorld&)>& check_world) {
+PreparedStep prepare_step(const StepOptions& options, const WorldCheck& check_world) {
   StepOptions o = options;
   PreparedStep step;
   StepInputs loaded;
@@ -244,7 +244,7 @@ PreparedStep prepare_step(const StepOptions& options, const std::function<void(c
   step.world = world_from_options(o, o.inputs_path.empty() ? -1 : loaded.input.rows);
   if (model_layer) step.world.layer = model_layer->layer;  // its routing rule too, which no option gives here
   const MoeConfig& layer = step.world.layer;
-  if (check_world) check_world(step.world);
+  if (check_world) check_world(step.world, model_layer ? model_layer->shared_ffn_hidden : 0);
   StepMemoryInputs memory{&step.world, nullptr, o.strategies, file_bytes, !o.plans_only, o.cpu_engine && !o.plans_only};
   memory.expert_weights = !o.plans_only || model_layer.has_value();
   if (model_layer) {

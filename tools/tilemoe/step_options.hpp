@@ -90,7 +90,9 @@ EpWorld world_from_options(const StepOptions& options, std::int64_t file_tokens 
 // and again before the weights and the run, the step's memory is estimated and a step that
 // would not fit (--max-memory, or what the machine has available) is refused (bad input).
 // `check_world`, when given, sees the world first, before any data exists (a backend's own
-// refusals: the GPU's memory).
-PreparedStep prepare_step(const StepOptions& options, const std::function<void(const EpWorld&)>& check_world = {});
+// refusals: the GPU's memory), with the width of the layer's shared expert (0: none; a --model's
+// config.json says it, a --weights file's is not known before it is read).
+using WorldCheck = std::function<void(const EpWorld& world, std::int64_t shared_ffn_hidden)>;
+PreparedStep prepare_step(const StepOptions& options, const WorldCheck& check_world = {});
 
 }  // namespace tilemoe::cli

@@ -106,10 +106,11 @@ class EpMoeLayer {
   static std::size_t region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options = {},
                                   bool remote_peers = false);
   // The device memory one rank's layer allocates besides its region (weights of its experts,
-  // routing, row buffers, tables; an overlap strategy's flags; Auto counted as TileSignal),
-  // in the driver's 2 MiB pages: an upper bound, to refuse what will not fit up front.
+  // routing, row buffers, tables; an overlap strategy's flags; Auto counted as TileSignal; a
+  // shared expert `shared_expert_ffn` wide, 0: none), in the driver's 2 MiB pages: an upper
+  // bound, to refuse what will not fit up front.
   static std::size_t device_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options = {},
-                                  bool remote_peers = false);
+                                  bool remote_peers = false, std::int64_t shared_expert_ffn = 0);
 
   // Construct on every rank of the world at about the same time (each rank in its own thread
   // or process): the constructor ends with a host barrier of the world. No forward of another

@@ -58,8 +58,9 @@ class MoeLayer {
   MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device = 0, MoeLayerOptions options = {});
   ~MoeLayer();
   // The device memory a layer of `config` allocates, counted in the driver's 2 MiB pages (an
-  // upper bound), so that a caller can refuse what will not fit before building anything.
-  static std::size_t device_bytes(const MoeConfig& config, MoeLayerOptions options = {});
+  // upper bound), so that a caller can refuse what will not fit before building anything;
+  // `shared_expert_ffn`: the width of the layer's shared expert (0: none).
+  static std::size_t device_bytes(const MoeConfig& config, MoeLayerOptions options = {}, std::int64_t shared_expert_ffn = 0);
   MoeLayer(const MoeLayer&) = delete;
   MoeLayer& operator=(const MoeLayer&) = delete;
 
