@@ -221,6 +221,7 @@ for step in "${steps[@]}"; do
       run_step cli-ep-host "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 128 --hidden 512 --ffn-hidden 512 --experts 32 --top-k 8 --dispatch host
       run_step cli-ep-row-per-expert "$bin/tilemoe" run --backend cuda --ranks 8 --tokens 200 --hidden 512 --ffn-hidden 512 --experts 32 \
         --top-k 8 --dispatch-volume row-per-expert --strategy tile_signal
+      run_step cli-ep-capacity "$bin/tilemoe" run --backend cuda --ranks 4 --capacity-factor 1.0 --routing skewed --strategy tile_signal
       expect_refusal cli-ep-host-once "row-per-expert" "$bin/tilemoe" run --backend cuda --ranks 2 --tokens 64 --dispatch host \
         --dispatch-volume once-per-rank
       expect_timeout cli-ep-silent "rank 1 stalled" "$bin/tilemoe" run --backend cuda --ranks 4 --silent-rank 1 --timeout-ms 2000 ;;

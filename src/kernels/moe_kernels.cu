@@ -254,9 +254,41 @@ __global__ void empty_offsets_kernel(int experts, int* row_offset) {
   if (e <= experts) row_offset[e] = 0;
 }
 
-__global__ void inverse_kernel(const int* __restrict__ slot_of_row, int slots, int* __restrict__ row_of_slot) {
+__global__ void inverse_kernel(const int* __restrict__ slot_of_row, const std::int32_t* __restrict__ sorted_key, int slots,
+                               int experts, int* __restrict__ row_of_slot) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < slots) row_of_slot[slot_of_row[i]] = i;
+  if (i < slots) row_of_slot[slot_of_row[i]] = sorted_key[i] < experts ? i : -1;
+}
+
+// The capacity rule's order: a slot's priority key sorts by expert, then by its place among the
+// token's choices; a stable sort keeps tokens ascending inside.
+__global__ void priority_key_kernel(const std::int32_t* __restrict__ expert, int slots, int top_k, std::int32_t* __restrict__ key) {
+  const int s = blockIdx.x * blockDim.x + threadIdx.x;
+  if (s < slots) key[s] = expert[s] * top_k + s % top_k;
+}
+
+// first[e] = the first position of expert e in the priority order (e = experts: the end).
+__global__ void priority_starts_kernel(const std::int32_t* __restrict__ sorted_priority, int slots, int top_k, int experts,
+                                       int* __restrict__ first) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= slots) return;
+  const int e = sorted_priority[i] / top_k;
+  const int previous = i > 0 ? sorted_priority[i - 1] / top_k : -1;
+  for (int x = previous + 1; x <= e; ++x) first[x] = i;
+  if (i == slots - 1) {
+    for (int x = e + 1; x <= experts; ++x) first[x] = slots;
+  }
+}
+
+// A slot keeps its expert as its layout key while its expert has capacity; a dropped slot's key
+// is `experts`, past every expert.
+__global__ void capacity_key_kernel(const std::int32_t* __restrict__ sorted_priority, const int* __restrict__ ordered_slots,
+                                    const int* __restrict__ first, int slots, int top_k, int experts, int capacity,
+                                    std::int32_t* __restrict__ key) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= slots) return;
+  const int e = sorted_priority[i] / top_k;
+  key[ordered_slots[i]] = i - first[e] < capacity ? e : experts;
 }
 
 __device__ inline std::uint64_t mix(std::uint64_t x) {  // splitmix64 finaliser
@@ -411,15 +443,21 @@ void launch_router(cudaStream_t stream, const float* logits, int tokens, int exp
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }
 
-std::size_t layout_temp_bytes(int slots, int experts) {
-  std::size_t bytes = 0;
+// The layout's scratch: the slot ids to sort, then with a capacity the priority keys, their
+// sorted copy, the slots in priority order, each expert's first position and the layout keys,
+// then CUB's own temporary storage (room for either sort).
+std::size_t layout_temp_bytes(int slots, int experts, int top_k) {
+  std::size_t bytes = 0, priority_bytes = 0;
   TILEMOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const std::int32_t*>(nullptr),
                                                      static_cast<std::int32_t*>(nullptr), static_cast<const int*>(nullptr),
-                                                     static_cast<int*>(nullptr), slots, 0, bits_for(experts)));
-  return slot_ids_bytes(slots) + bytes;
+                                                     static_cast<int*>(nullptr), slots, 0, bits_for(experts + 1)));
+  TILEMOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, priority_bytes, static_cast<const std::int32_t*>(nullptr),
+                                                     static_cast<std::int32_t*>(nullptr), static_cast<const int*>(nullptr),
+                                                     static_cast<int*>(nullptr), slots, 0, bits_for(experts * top_k)));
+  return 5 * slot_ids_bytes(slots) + slot_ids_bytes(experts + 1) + std::max(bytes, priority_bytes);
 }
 
-void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, int experts, void* temp,
+void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, int top_k, int experts, int capacity, void* temp,
                    std::size_t temp_bytes, std::int32_t* sorted_expert, int* row_offset, int* slot_of_row,
                    int* row_of_slot) {
   if (slots == 0) {
@@ -427,18 +465,45 @@ void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, i
     TILEMOE_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  // carve the scratch: the slot ids to sort, then CUB's own temporary storage
-  auto* slot_ids = static_cast<int*>(temp);
-  auto* cub_temp = static_cast<char*>(temp) + slot_ids_bytes(slots);
-  const std::size_t cub_bytes = temp_bytes - slot_ids_bytes(slots);
-  iota_kernel<<<blocks_for(slots, 256), 256, 0, stream>>>(slots, slot_ids);
+  if (temp_bytes < layout_temp_bytes(slots, experts, top_k)) throw_internal("layout: scratch too small");
+  // carve the scratch (layout_temp_bytes)
+  char* at = static_cast<char*>(temp);
+  auto carve = [&](std::size_t bytes) {
+    void* p = at;
+    at += bytes;
+    return p;
+  };
+  auto* slot_ids = static_cast<int*>(carve(slot_ids_bytes(slots)));
+  auto* priority = static_cast<std::int32_t*>(carve(slot_ids_bytes(slots)));
+  auto* sorted_priority = static_cast<std::int32_t*>(carve(slot_ids_bytes(slots)));
+  auto* ordered_slots = static_cast<int*>(carve(slot_ids_bytes(slots)));
+  auto* capacity_key = static_cast<std::int32_t*>(carve(slot_ids_bytes(slots)));
+  auto* first = static_cast<int*>(carve(slot_ids_bytes(experts + 1)));
+  const std::size_t cub_bytes = temp_bytes - static_cast<std::size_t>(at - static_cast<char*>(temp));
+  const int blocks = blocks_for(slots, 256);
+  iota_kernel<<<blocks, 256, 0, stream>>>(slots, slot_ids);
   TILEMOE_CUDA_CHECK(cudaGetLastError());
+  const std::int32_t* key = expert;
+  if (capacity >= 0) {  // the slots in priority order, then each one's key by its place among its expert's
+    priority_key_kernel<<<blocks, 256, 0, stream>>>(expert, slots, top_k, priority);
+    TILEMOE_CUDA_CHECK(cudaGetLastError());
+    std::size_t bytes = cub_bytes;
+    TILEMOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(at, bytes, priority, sorted_priority, slot_ids, ordered_slots, slots, 0,
+                                                       bits_for(experts * top_k), stream));
+    priority_starts_kernel<<<blocks, 256, 0, stream>>>(sorted_priority, slots, top_k, experts, first);
+    TILEMOE_CUDA_CHECK(cudaGetLastError());
+    capacity_key_kernel<<<blocks, 256, 0, stream>>>(sorted_priority, ordered_slots, first, slots, top_k, experts, capacity,
+                                                     capacity_key);
+    TILEMOE_CUDA_CHECK(cudaGetLastError());
+    key = capacity_key;
+  }
   std::size_t bytes = cub_bytes;
-  TILEMOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, expert, sorted_expert, slot_ids, slot_of_row, slots,
-                                                     0, bits_for(experts), stream));
-  offsets_kernel<<<blocks_for(slots, 256), 256, 0, stream>>>(sorted_expert, slots, experts, row_offset);
+  // (a dropped slot's key needs one value more: no extra bit, and no extra pass, when nothing drops)
+  TILEMOE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(at, bytes, key, sorted_expert, slot_ids, slot_of_row, slots, 0,
+                                                     bits_for(capacity >= 0 ? experts + 1 : experts), stream));
+  offsets_kernel<<<blocks, 256, 0, stream>>>(sorted_expert, slots, experts, row_offset);
   TILEMOE_CUDA_CHECK(cudaGetLastError());
-  inverse_kernel<<<blocks_for(slots, 256), 256, 0, stream>>>(slot_of_row, slots, row_of_slot);
+  inverse_kernel<<<blocks, 256, 0, stream>>>(slot_of_row, sorted_expert, slots, experts, row_of_slot);
   TILEMOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -41,8 +41,12 @@ void launch_router(cudaStream_t stream, const float* logits, int tokens, int exp
 // Layout of the routed rows: expert-major, tokens ascending inside an expert (a stable sort of
 // the slots by expert id). Writes row_offset[E + 1], slot_of_row[T*k] (which slot each row
 // holds) and row_of_slot[T*k] (its inverse). `temp` is scratch of layout_temp_bytes().
-std::size_t layout_temp_bytes(int slots, int experts);
-void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, int experts, void* temp,
+// With `capacity` >= 0 (routing.hpp's apply_capacity: the capacity of each expert in this
+// step), the slots past their expert's capacity in the priority order (slot 0 of every token,
+// tokens ascending, then slot 1, ...) are dropped: they follow the kept rows (rows from
+// row_offset[E] on, which no expert reads) and their row_of_slot is -1.
+std::size_t layout_temp_bytes(int slots, int experts, int top_k);
+void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, int top_k, int experts, int capacity, void* temp,
                    std::size_t temp_bytes, std::int32_t* sorted_expert, int* row_offset, int* slot_of_row,
                    int* row_of_slot);
 
@@ -53,7 +57,8 @@ void launch_permute(cudaStream_t stream, const __nv_bfloat16* x, int hidden, int
 // act[i][c] = silu(h[i][2c]) * h[i][2c+1] (gate/up interleaved), or gelu(h[i][c]) when gelu.
 void launch_activation(cudaStream_t stream, const __nv_bfloat16* h, int rows, int ffn, bool gelu, __nv_bfloat16* act);
 
-// out[t] = sum over slots j in order of weight[t*k+j] * y[row_of_slot[t*k+j]], fp32, rounded once.
+// out[t] = sum over slots j in order of weight[t*k+j] * y[row_of_slot[t*k+j]] (dropped slots,
+// row -1, skipped), fp32, rounded once.
 void launch_combine(cudaStream_t stream, const __nv_bfloat16* y, const float* weight, const int* row_of_slot,
                     int tokens, int top_k, int hidden, __nv_bfloat16* out);
 

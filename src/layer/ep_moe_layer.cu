@@ -684,6 +684,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       SendListArgs lists;
       lists.expert = m.expert.data();
       lists.slot_of_row = m.slot_of_row.data();
+      lists.row_of_slot = m.row_of_slot.data();
       lists.tokens = T;
       lists.top_k = k;
       lists.local_experts = m.local_experts;
@@ -970,9 +971,12 @@ Routing EpMoeLayer::last_routing(cudaStream_t stream, std::int64_t tokens) const
   r.weight.resize(r.expert.size());
   r.kept.assign(r.expert.size(), 1);
   if (!r.expert.empty()) {
+    std::vector<int> row_of_slot(r.expert.size());
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(r.expert.data(), m.expert.data(), r.expert.size() * 4, cudaMemcpyDeviceToHost, m.own));
     TILEMOE_CUDA_CHECK(cudaMemcpyAsync(r.weight.data(), m.weight.data(), r.weight.size() * 4, cudaMemcpyDeviceToHost, m.own));
+    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(row_of_slot.data(), m.row_of_slot.data(), row_of_slot.size() * 4, cudaMemcpyDeviceToHost, m.own));
     m.wait_for_own("the last step's tables");
+    for (std::size_t s = 0; s < row_of_slot.size(); ++s) r.kept[s] = row_of_slot[s] >= 0 ? 1 : 0;  // the capacity rule's
   }
   return r;
 }

@@ -16,7 +16,6 @@ namespace tilemoe::cuda {
 void validate_cuda_layer(const MoeConfig& c) {
   validate(c);
   if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
-  if (c.capacity_factor != 0.0) throw_bad_input("the CUDA backend is dropless only: use --capacity-factor 0");
   if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
   if (!c.swiglu.is_default()) throw_bad_input("the CUDA backend has no clamped SwiGLU (GPT-OSS's) yet: use --backend cpu");
   if (c.router.scales_input) throw_bad_input("the CUDA backend scales the experts' outputs only, not their input (Llama-4's): use --backend cpu");
@@ -31,7 +30,7 @@ void LayerRouting::allocate(const MoeConfig& c) {
   slot_of_row = DeviceArray<int>(slot_room);
   row_of_slot = DeviceArray<int>(slot_room);
   error_token = DeviceArray<int>(1);
-  layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts));
+  layout_temp_bytes = tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts), static_cast<int>(c.top_k));
   layout_temp = DeviceArray<char>(layout_temp_bytes);
 }
 
@@ -49,7 +48,7 @@ DeviceFootprint LayerRouting::device_bytes(const MoeConfig& c) {
   f.add(slot_room, sizeof(int));  // slot_of_row
   f.add(slot_room, sizeof(int));  // row_of_slot
   f.add(1, sizeof(int));          // error_token
-  f.add(tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts)), 1);
+  f.add(tilemoe::cuda::layout_temp_bytes(static_cast<int>(slot_room), static_cast<int>(c.num_experts), static_cast<int>(c.top_k)), 1);
   return f;
 }
 
@@ -116,9 +115,16 @@ void LayerRouting::launch_router(cudaStream_t stream, const __nv_bfloat16* input
 }
 
 void LayerRouting::launch_layout(cudaStream_t stream, int tokens, const MoeConfig& c) {
-  tilemoe::cuda::launch_layout(stream, expert.data(), tokens * static_cast<int>(c.top_k), static_cast<int>(c.num_experts),
-                               layout_temp.data(), layout_temp_bytes, sorted_expert.data(), row_offset.data(), slot_of_row.data(),
-                               row_of_slot.data());
+  // the capacity rule of the CPU engine's route(), on this step's tokens
+  int capacity = -1;
+  if (c.capacity_factor > 0.0) {
+    MoeConfig step = c;
+    step.tokens = tokens;
+    capacity = static_cast<int>(expert_capacity(step));
+  }
+  tilemoe::cuda::launch_layout(stream, expert.data(), tokens * static_cast<int>(c.top_k), static_cast<int>(c.top_k),
+                               static_cast<int>(c.num_experts), capacity, layout_temp.data(), layout_temp_bytes, sorted_expert.data(),
+                               row_offset.data(), slot_of_row.data(), row_of_slot.data());
 }
 
 }  // namespace tilemoe::cuda

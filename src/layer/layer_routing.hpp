@@ -18,7 +18,8 @@
 
 namespace tilemoe::cuda {
 
-// Bad input for what the CUDA backend does not do: fp32 storage, a capacity factor, > 1024 experts.
+// Bad input for what the CUDA backend does not do: fp32 storage, > 1024 experts, GPT-OSS's clamped
+// SwiGLU, Llama-4's input scaling.
 void validate_cuda_layer(const MoeConfig& config);
 
 struct LayerRouting {

@@ -34,6 +34,7 @@
 #include "tilemoe/cuda/virtual_world.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/reference.hpp"
+#include "tilemoe/routing.hpp"
 #include "tilemoe/synthetic.hpp"
 
 using namespace tilemoe;
@@ -606,21 +607,23 @@ void world_of_one_is_the_one_gpu_layer() {
   }
 }
 
-// A gated shared expert on 4 ranks (one of them without tokens): each rank adds it to its own
-// tokens' routed sum; sequential and (with it) tile_signal give the same bits, and the outputs
-// match the CPU executor and fp64, which add it too.
-void shared_expert_on_every_rank(std::uint64_t seed) {
-  std::printf("a gated shared expert on 4 ranks\n");
-  EpWorld world;
-  world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 128, .num_experts = 16, .top_k = 4};
-  world.tokens_per_rank = {70, 41, 0, 64};
+// A layer that adds to the routing or the experts (a capacity rule, a shared expert) on 4 ranks,
+// one of them without tokens: sequential with either dispatch volume and tile_signal give the
+// same bits, and the outputs match the CPU executor and fp64 on the GPU's routing (its kept slots
+// included: they must be the CPU rule's on the GPU's choices).
+void layer_variant_on_every_rank(const char* what, const EpWorld& world, const ExpertWeights& weights, std::uint64_t seed) {
+  std::printf("%s on 4 ranks\n", what);
   MoeConfig config = world.layer;
-  config.tokens = 70;
+  config.tokens = *std::max_element(world.tokens_per_rank.begin(), world.tokens_per_rank.end());
   const SyntheticStep step = synthetic_step(world, RoutingPattern::Skewed, seed);
-  ExpertWeights weights = random_weights(world.layer, seed + 1);
-  weights.shared = cases::random_shared_expert(world.layer, 192, true, seed + 2);
   cuda::VirtualWorld vw(4, cuda::EpMoeLayer::region_bytes(config, 4), 0, {world_timeout});
-  std::vector<Matrix> sequential_out(4), tile_out(4);
+  struct Variant {
+    Strategy strategy;
+    DispatchVolume volume;
+  };
+  std::vector<Variant> variants = {{Strategy::Sequential, DispatchVolume::OncePerRank}, {Strategy::Sequential, DispatchVolume::RowPerExpert}};
+  if (with_tile_signal) variants.push_back({Strategy::TileSignal, DispatchVolume::OncePerRank});
+  std::vector<std::vector<Matrix>> out(variants.size(), std::vector<Matrix>(4));
   std::vector<Routing> routing(4);
   on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
@@ -628,26 +631,52 @@ void shared_expert_on_every_rank(std::uint64_t seed) {
     cuda::RankTransport& transport = vw.rank(r);
     transport.bind_thread();
     RankBuffers b(step.inputs[ri], step.logits[ri], T, config.hidden, transport.stream(cuda::RankStream::Main));
-    for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal}) {
-      if (strategy == Strategy::TileSignal && !with_tile_signal) continue;
+    for (std::size_t v = 0; v < variants.size(); ++v) {
       cuda::EpMoeLayerOptions options;
-      options.strategy = strategy;
+      options.strategy = variants[v].strategy;
+      options.dispatch_volume = variants[v].volume;
       cuda::EpMoeLayer layer(config, weights, transport, options);
       b.poison();
       layer.forward(b.stream, b.input, b.logits, b.output, T);
       layer.check(b.stream);
-      (strategy == Strategy::Sequential ? sequential_out : tile_out)[ri] = b.read(T, config.hidden);
-      if (strategy == Strategy::Sequential) routing[ri] = layer.last_routing(b.stream, T);
+      out[v][ri] = b.read(T, config.hidden);
+      if (v == 0) routing[ri] = layer.last_routing(b.stream, T);
       transport.host_barrier();
     }
     transport.host_barrier();
   });
-  const cases::OracleErrors e = cases::oracle_errors(world, step.inputs, routing, weights, sequential_out, cases::kBf16Tolerance);
-  expect(e.within_tolerance(), "with a gated shared expert: the outputs against the CPU executor and fp64 (" + e.describe() + ")");
-  if (!with_tile_signal) return;
+  // the GPU kept the slots the CPU's rule keeps of the GPU's choices
+  std::int64_t differ = 0, dropped = 0;
+  for (int r = 0; r < 4; ++r) {
+    Routing cpu = routing[static_cast<std::size_t>(r)];
+    apply_capacity(world.rank_config(r), cpu);
+    for (std::size_t s = 0; s < cpu.kept.size(); ++s) {
+      differ += cpu.kept[s] != routing[static_cast<std::size_t>(r)].kept[s];
+      dropped += cpu.kept[s] == 0;
+    }
+  }
+  expect(differ == 0, std::string(what) + ": the GPU keeps the CPU rule's slots (" + std::to_string(dropped) + " dropped, " +
+                          std::to_string(differ) + " differ)");
+  const cases::OracleErrors e = cases::oracle_errors(world, step.inputs, routing, weights, out[0], cases::kBf16Tolerance);
+  expect(e.within_tolerance(), std::string(what) + ": the outputs against the CPU executor and fp64 (" + e.describe() + ")");
   bool same = true;
-  for (std::size_t r = 0; r < 4; ++r) same = same && sequential_out[r].bitwise_equal(tile_out[r]);
-  expect(same, "with a shared expert, tile_signal gives the sequential output bitwise");
+  for (std::size_t v = 1; v < variants.size(); ++v) {
+    for (std::size_t r = 0; r < 4; ++r) same = same && out[0][r].bitwise_equal(out[v][r]);
+  }
+  expect(same, std::string(what) + ": a row per expert and tile_signal give the sequential output bitwise");
+}
+
+// The GShard capacity rule (routing.hpp) and a gated shared expert, each on 4 ranks.
+void capacity_and_shared_expert_on_every_rank(std::uint64_t seed) {
+  EpWorld world;
+  world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 128, .num_experts = 16, .top_k = 4};
+  world.tokens_per_rank = {70, 41, 0, 64};
+  EpWorld dropping = world;
+  dropping.layer.capacity_factor = 0.75;  // skewed routing overfills the popular experts
+  layer_variant_on_every_rank("capacity factor 0.75", dropping, random_weights(dropping.layer, seed + 1), seed);
+  ExpertWeights weights = random_weights(world.layer, seed + 3);
+  weights.shared = cases::random_shared_expert(world.layer, 192, true, seed + 4);
+  layer_variant_on_every_rank("a gated shared expert", world, weights, seed + 5);
 }
 
 int main(int argc, char** argv) {
@@ -706,7 +735,7 @@ int main(int argc, char** argv) {
       capacity_is_enforced();
       if (!small) device_memory_estimates_hold();
       world_of_one_is_the_one_gpu_layer();
-      shared_expert_on_every_rank(seed + 7);
+      capacity_and_shared_expert_on_every_rank(seed + 7);
       bad_input_is_refused();
       failed_rank_frees_its_peers();
     }

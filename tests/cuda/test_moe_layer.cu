@@ -22,6 +22,7 @@
 #include "tilemoe/cuda/moe_layer.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/reference.hpp"
+#include "tilemoe/routing.hpp"
 #include "tilemoe/synthetic.hpp"
 
 using namespace tilemoe;
@@ -315,47 +316,68 @@ void router_rules_match_the_cpu(std::uint64_t seed) {
   }
 }
 
-// A layer with a shared expert (DeepSeek's: two of the routed width stored as one, ungated;
-// Qwen2-MoE's: one of its own width, gated by a sigmoid): the GPU's output against the CPU
-// executor and fp64, which add it too (a shared expert the GPU left out would miss them by its
-// whole share of the output, about half of it here), on fresh inputs.
-void shared_expert_is_added(std::uint64_t seed) {
+// A layer that adds to the routing or the experts, on fresh inputs: the GPU's output against
+// the CPU executor and fp64 on the GPU's routing, whose kept slots must be those the CPU's rule
+// keeps of the GPU's choices (and with `must_drop`, some slot must be dropped).
+void layer_variant_matches_the_cpu(const char* what, const MoeConfig& config, const ExpertWeights& weights, std::uint64_t seed,
+                                   bool must_drop) {
+  std::printf("%s\n", what);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(config.tokens * config.hidden));
+  for (std::uint16_t& v : x) v = float_to_bf16_bits(normal(rng));
+  std::vector<float> logits(static_cast<std::size_t>(config.tokens * config.num_experts));
+  for (std::size_t i = 0; i < logits.size(); ++i) logits[i] = normal(rng) + (i % config.num_experts < 2 ? 1.5f : 0.0f);  // skewed
+  Matrix in(DType::BF16, config.tokens, config.hidden);
+  std::memcpy(in.data.data(), x.data(), in.data.size());
+  cuda::MoeLayer layer(config, weights, 0, layer_options());
+  auto* input = device_copy<__nv_bfloat16>(x.data(), x.size() * 2);
+  auto* d_logits = device_copy<float>(logits.data(), logits.size() * 4);
+  __nv_bfloat16* output = nullptr;
+  TILEMOE_CUDA_CHECK(cudaMalloc(&output, x.size() * 2));
+  TILEMOE_CUDA_CHECK(cudaMemset(output, 0xff, x.size() * 2));  // NaN poison
+  layer.forward(nullptr, input, d_logits, output, config.tokens);
+  check_or_exit(layer, nullptr);
+  const Routing gpu = layer.last_routing(nullptr, config.tokens);
+  Routing cpu = gpu;
+  apply_capacity(config, cpu);
+  std::int64_t differ = 0, dropped = 0;
+  for (std::size_t s = 0; s < cpu.kept.size(); ++s) {
+    differ += cpu.kept[s] != gpu.kept[s];
+    dropped += cpu.kept[s] == 0;
+  }
+  expect(differ == 0 && (dropped > 0 || !must_drop), std::string(what) + ": the GPU keeps the CPU rule's slots (" +
+                                                         std::to_string(dropped) + " dropped, " + std::to_string(differ) + " differ)");
+  Matrix out(DType::BF16, config.tokens, config.hidden);
+  TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out.data.size(), cudaMemcpyDeviceToHost));
+  EpWorld world;
+  world.layer = config;
+  world.tokens_per_rank = {config.tokens};
+  const cases::OracleErrors e = cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
+  expect(e.within_tolerance(), std::string(what) + ": the layer's output against the CPU executor and fp64 (" + e.describe() + ")");
+  cudaFree(input);
+  cudaFree(d_logits);
+  cudaFree(output);
+}
+
+// Shared experts (DeepSeek's: two of the routed width stored as one, ungated; Qwen2-MoE's: one of
+// its own width, gated by a sigmoid; a shared expert the GPU left out would miss the oracle by
+// its whole share of the output) and the GShard capacity rule (factors that drop some slots and
+// that drop none).
+void shared_experts_and_capacity(std::uint64_t seed) {
+  MoeConfig config = small_config(300, 8);
+  config.hidden = 256;
+  config.ffn_hidden = 128;
   for (const bool gated : {false, true}) {
-    MoeConfig config = small_config(300, 8);
-    config.hidden = 256;
-    config.ffn_hidden = 128;
-    const std::int64_t width = gated ? 320 : 2 * config.ffn_hidden;
-    std::printf("shared expert, %s, %lld wide\n", gated ? "gated" : "ungated", static_cast<long long>(width));
     ExpertWeights weights = random_weights(config, seed + 11);
-    weights.shared = cases::random_shared_expert(config, width, gated, seed + 12);
-    std::mt19937 rng(static_cast<unsigned>(seed + (gated ? 13 : 14)));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<std::uint16_t> x(static_cast<std::size_t>(config.tokens * config.hidden));
-    for (std::uint16_t& v : x) v = float_to_bf16_bits(normal(rng));
-    std::vector<float> logits(static_cast<std::size_t>(config.tokens * config.num_experts));
-    for (float& v : logits) v = normal(rng);
-    Matrix in(DType::BF16, config.tokens, config.hidden);
-    std::memcpy(in.data.data(), x.data(), in.data.size());
-    cuda::MoeLayer layer(config, weights, 0, layer_options());
-    auto* input = device_copy<__nv_bfloat16>(x.data(), x.size() * 2);
-    auto* d_logits = device_copy<float>(logits.data(), logits.size() * 4);
-    __nv_bfloat16* output = nullptr;
-    TILEMOE_CUDA_CHECK(cudaMalloc(&output, x.size() * 2));
-    TILEMOE_CUDA_CHECK(cudaMemset(output, 0xff, x.size() * 2));  // NaN poison
-    layer.forward(nullptr, input, d_logits, output, config.tokens);
-    check_or_exit(layer, nullptr);
-    const Routing gpu = layer.last_routing(nullptr, config.tokens);
-    Matrix out(DType::BF16, config.tokens, config.hidden);
-    TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out.data.size(), cudaMemcpyDeviceToHost));
-    EpWorld world;
-    world.layer = config;
-    world.tokens_per_rank = {config.tokens};
-    const cases::OracleErrors e = cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
-    expect(e.within_tolerance(), std::string(gated ? "a gated" : "an ungated") +
-                                     " shared expert: the layer's output against the CPU executor and fp64 (" + e.describe() + ")");
-    cudaFree(input);
-    cudaFree(d_logits);
-    cudaFree(output);
+    weights.shared = cases::random_shared_expert(config, gated ? 320 : 2 * config.ffn_hidden, gated, seed + 12);
+    layer_variant_matches_the_cpu(gated ? "a gated shared expert" : "an ungated shared expert", config, weights, seed + 13, false);
+  }
+  for (const double factor : {0.5, 1.25, 4.0}) {
+    MoeConfig dropping = config;
+    dropping.capacity_factor = factor;
+    layer_variant_matches_the_cpu(("capacity factor " + std::to_string(factor)).c_str(), dropping, random_weights(dropping, seed + 14),
+                                  seed + 15, factor < 4.0);
   }
 }
 
@@ -452,7 +474,7 @@ int main(int argc, char** argv) {
   }
   // the checks beside the registry's cases; the memory estimate's is not small
   const std::string nan_check = "nan-logits", stall_check = "stalled-stream", memory_check = "device-memory-estimate",
-                    rules_check = "router-rules", shared_check = "shared-expert";
+                    rules_check = "router-rules", shared_check = "shared-experts-and-capacity";
   std::vector<std::string> case_ids, checks;
   for (const std::string& name : named) {
     (name == nan_check || name == stall_check || name == memory_check || name == rules_check || name == shared_check ? checks : case_ids)
@@ -494,7 +516,7 @@ int main(int argc, char** argv) {
     const auto asked = [&](const std::string& check) { return std::find(checks.begin(), checks.end(), check) != checks.end(); };
     if (asked(nan_check)) nan_logits_are_reported();
     if (asked(rules_check)) router_rules_match_the_cpu(seed);
-    if (asked(shared_check)) shared_expert_is_added(seed);
+    if (asked(shared_check)) shared_experts_and_capacity(seed);
     if (asked(memory_check)) device_memory_estimate_holds();
     if (asked(stall_check)) stalled_stream_is_a_timeout();  // last: the stalled kernel may still run
   } catch (const std::exception& e) {

@@ -25,9 +25,10 @@ __global__ void __launch_bounds__(kArrivalCombineThreads) arrival_combine_kernel
   for (int token = static_cast<int>(blockIdx.x); token < a.tokens; token += static_cast<int>(gridDim.x)) {
     int failed = 0;
     for (int j = tid; j < k && !failed; j += kArrivalCombineThreads) {
-      const int slot = token * k + j;
+      const int slot = token * k + j, row = a.row_of_slot[slot];
+      if (row < 0) continue;  // dropped by the capacity rule: no row comes back
       const int source = a.expert[slot] / a.local_experts;  // whose consumer ships the row
-      failed = !wait_at_least(t, arrivals + a.row_of_slot[slot], epoch, source, comm::WaitSubject::CombineRows, epoch);
+      failed = !wait_at_least(t, arrivals + row, epoch, source, comm::WaitSubject::CombineRows, epoch);
     }
     if (__syncthreads_or(failed)) return;  // the barrier also extends the flags' acquire to the CTA
     for (int v = tid; v < vectors; v += kArrivalCombineThreads) {

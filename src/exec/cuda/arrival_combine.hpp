@@ -19,7 +19,7 @@ struct ArrivalCombineArgs {
   std::size_t row_arrivals = 0;
   const std::int32_t* expert = nullptr;  // [tokens * top_k] the router's choices (a row's source rank)
   const float* weight = nullptr;         // [tokens * top_k]
-  const int* row_of_slot = nullptr;      // [tokens * top_k] where each slot's row returns
+  const int* row_of_slot = nullptr;      // [tokens * top_k] where each slot's row returns (-1: dropped, none)
   int tokens = 0, top_k = 0, hidden = 0, local_experts = 1;
   int ctas = 1;                          // the persistent grid: all of them may wait at once
   __nv_bfloat16* output = nullptr;       // [tokens][hidden]

@@ -14,12 +14,12 @@ constexpr int kListThreads = 1024;
 constexpr int kPlacementThreads = 256;
 static_assert(kMaxRanks <= 32, "a token's destinations are a 32-bit mask");
 
-// The other ranks holding any of token t's experts, a bit each.
+// The other ranks holding any of token t's kept experts, a bit each.
 __device__ inline unsigned destinations(const SendListArgs& a, int t, int me) {
   unsigned mask = 0;
   for (int j = 0; j < a.top_k; ++j) {
-    const int d = a.expert[t * a.top_k + j] / a.local_experts;
-    if (d != me) mask |= 1u << d;
+    const int slot = t * a.top_k + j, d = a.expert[slot] / a.local_experts;
+    if (d != me && a.row_of_slot[slot] >= 0) mask |= 1u << d;
   }
   return mask;
 }
@@ -73,7 +73,8 @@ __global__ void __launch_bounds__(kPlacementThreads) placements_kernel(DeviceTra
   const plan_detail::StepCounts& c = a.counts;
   const int me = t.rank, L = c.local_experts, slots = a.tokens * a.top_k;
   const int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (row >= slots || transport_failed(t)) return;  // a failing step's counts may be anything
+  // (rows past the kept ones hold the slots the capacity rule dropped; a failing step's counts may be anything)
+  if (row >= slots || row >= c.offset_of(me, c.experts) || transport_failed(t)) return;
   const int slot = a.slot_of_row[row], x = a.expert[slot], d = x / L, e = x % L;
   if (d == me) return;
   const int token = slot / a.top_k;
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(kPlacementThreads) placements_kernel(DeviceTra
 
 void launch_send_lists(cudaStream_t stream, const DeviceTransport& t, const SendListArgs& a) {
   if (t.world < 1 || t.world > kMaxRanks || a.tokens < 0 || a.top_k < 1 || a.local_experts < 1 || a.gather_rows == nullptr ||
-      a.rank_tokens == nullptr || a.list_position == nullptr) {
+      a.rank_tokens == nullptr || a.list_position == nullptr || a.row_of_slot == nullptr) {
     throw_internal("send lists: bad arguments");
   }
   send_lists_kernel<<<1, kListThreads, 0, stream>>>(t.world, t.rank, a);

@@ -7,7 +7,7 @@
 //     each token's position in its destination's list, and this rank's gather table up to its
 //     send lists (step_counts.hpp: the token of each permuted row, then each destination's
 //     tokens ascending), which the segment copy gathers Input rows through;
-//  2. after the plan's compile, a thread per permuted row: a row of another rank's expert says
+//  2. after the plan's compile, a thread per kept permuted row: a row of another rank's expert says
 //     where its token's copy sits in that rank's Received, written into that rank's gather table
 //     as the placement entry of the ExpertIn row the token takes there. It runs before the
 //     segment copy raises the Received arrival flag the receiver's placements wait for, and
@@ -27,6 +27,7 @@ namespace tilemoe::cuda {
 struct SendListArgs {
   const std::int32_t* expert = nullptr;  // [tokens][top_k] the step's routing
   const int* slot_of_row = nullptr;      // [tokens * top_k] the slot of each permuted row
+  const int* row_of_slot = nullptr;      // [tokens * top_k] its inverse, -1 for a slot the capacity rule dropped
   int tokens = 0, top_k = 0, local_experts = 0;
   int* rank_tokens = nullptr;    // out [world]
   int* list_position = nullptr;  // out [tokens][world]: token t's row in the list for d, -1 if not sent there
