@@ -19,6 +19,7 @@
 #include "exec/cuda/band_consumer.hpp"
 #include "exec/cuda/segment_copy.hpp"
 #include "exec/cuda/send_lists.hpp"
+#include "exec/cuda/input_scale.hpp"
 #include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/exchange_setup.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
@@ -102,6 +103,24 @@ struct EpMoeLayer::Impl : LayerRouting {
   // token's position in each destination's list
   DeviceArray<int> rank_tokens, list_position;
   bool once_per_rank() const { return volume == DispatchVolume::OncePerRank; }
+  // Llama-4's routing (RouterConfig::scales_input): the weights scale the experts' input
+  // (exec/cuda/input_scale.hpp), and the combine weighs every output by one of these
+  DeviceArray<float> ones;
+  const float* combine_weight() const { return config.router.scales_input ? ones.data() : weight.data(); }
+  InputScaleArgs input_scale_args(const plan_detail::StepCounts& counts, int tokens) const {
+    InputScaleArgs a;
+    a.layout = layout;
+    a.counts = counts;
+    a.expert = expert.data();
+    a.weight = weight.data();
+    a.slot_of_row = slot_of_row.data();
+    a.tokens = tokens;
+    a.top_k = static_cast<int>(config.top_k);
+    a.hidden = static_cast<int>(config.hidden);
+    a.expert_rows = local_row_offset.data() + local_experts;
+    a.row_bound = layout.receive_capacity;
+    return a;
+  }
   // the receive side's table, written by the counts kernel (device path) or uploaded (host path)
   DeviceArray<std::uint64_t> epoch;
   DeviceArray<int> local_row_offset;
@@ -181,7 +200,7 @@ struct EpMoeLayer::Impl : LayerRouting {
 
 std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options, bool remote_peers) {
   return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers, options.receive_rows,
-                          resolved_dispatch_volume(options, world, remote_peers))
+                          resolved_dispatch_volume(options, world, remote_peers), layer.router.scales_input)
       .bytes;
 }
 
@@ -193,7 +212,7 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   }
   const DispatchVolume volume = resolved_dispatch_volume(options, world, remote_peers);
   const EpRegionLayout layout =
-      ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, options.receive_rows, volume);
+      ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, options.receive_rows, volume, c.router.scales_input);
   const std::int64_t local_experts = c.num_experts / world;
   const auto H = static_cast<std::size_t>(c.hidden), E = static_cast<std::size_t>(c.num_experts),
              W = static_cast<std::size_t>(world), L = static_cast<std::size_t>(local_experts);
@@ -204,6 +223,7 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
                      options.strategy != Strategy::TileSignal && !options.record_trace;  // (as init decides)
   const bool once = volume == DispatchVolume::OncePerRank;
   if (!remote_peers && !direct && !once) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
+  if (c.router.scales_input) f.add(slot_room, sizeof(float));  // ones
   if (once) {
     f.add(W, sizeof(int));                                                                      // rank_tokens
     f.add(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens, 1)) * W, sizeof(int));  // list_position
@@ -247,6 +267,9 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   if (o.strategy == Strategy::Comet) {
     throw_bad_input("comet runs on the CPU engine only for now: use sequential, tile_signal or auto on the GPU");
   }
+  if (c.router.scales_input && o.dispatch == DispatchPath::Host) {
+    throw_bad_input("the experts' input scaled by the routing weight (Llama-4's) runs on the device dispatch path only: use --dispatch device");
+  }
   config = c;
   transport = &t;
   options = o;
@@ -261,7 +284,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   remote_peers = t.device_view().gin_comm != nullptr;
   if (remote_peers && h.identity_experts) throw_bad_input("identity experts (an exchange benchmark) need a load/store world");
   volume = resolved_dispatch_volume(o, world, remote_peers);
-  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, o.receive_rows, volume);
+  layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, o.receive_rows, volume,
+                            c.router.scales_input);
   if (t.region_bytes() < layout.bytes) {
     throw_bad_input("the world's symmetric regions hold " + std::to_string(t.region_bytes()) + " bytes; this layer needs " +
                     std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes" + (remote_peers ? ", with remote peers)" : ")"));
@@ -292,6 +316,10 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   direct = world == 1 && !remote_peers && o.dispatch == DispatchPath::Device && o.strategy != Strategy::TileSignal &&
            !h.silent && !h.identity_experts && !o.record_trace;
   if (!remote_peers && !direct && !once_per_rank()) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
+  if (c.router.scales_input) {
+    const std::vector<float> one(slot_room, 1.0f);
+    ones = DeviceArray<float>(one.data(), one.size());
+  }
   if (once_per_rank()) {
     rank_tokens = DeviceArray<int>(static_cast<std::size_t>(world));
     list_position = DeviceArray<int>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens, 1) * world));
@@ -699,9 +727,16 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     }
     mark(kEpDispatch);
     const EpExchangeArgs args = m.exchange_args();
+    const bool scales_input = c.router.scales_input;
     if (m.direct) {  // the permuted rows are the expert rows: only the offsets move
       TILEMOE_CUDA_CHECK(cudaMemcpyAsync(m.local_row_offset.data(), m.row_offset.data(), m.local_row_offset.count() * sizeof(int),
                                          cudaMemcpyDeviceToDevice, stream));
+      if (scales_input) {  // a world of one: its offsets are every rank's, its ExpertIn rows its permuted rows
+        const int E = static_cast<int>(c.num_experts);
+        const InputScaleArgs scales = m.input_scale_args(plan_detail::StepCounts{1, E, E, m.row_offset.data(), m.row_offset.data()}, T);
+        launch_write_input_scales(stream, view, scales);
+        launch_scale_expert_rows(stream, view, scales);
+      }
     } else if (m.exchange_walks_plan) {
       launch_ep_begin_step(stream, m.epoch.data());
       launch_ep_exchange_counts(stream, view, args);
@@ -747,7 +782,12 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       }
     }
     if (m.exchange_walks_plan) {
+      const InputScaleArgs scales = m.input_scale_args(
+          plan_detail::StepCounts{m.world, static_cast<int>(c.num_experts), m.local_experts, m.device_plan->offset(), m.device_plan->rank_row()},
+          T);
+      if (scales_input) launch_write_input_scales(stream, view, scales);  // with the rows' release, below
       launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments, input, T));
+      if (scales_input) launch_scale_expert_rows(stream, view, scales);   // every row is in
     }
     if (m.ffn) {
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
@@ -787,7 +827,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       combine.returned_rows = m.layout.returned_rows;
       combine.row_arrivals = m.layout.row_arrivals;
       combine.expert = m.expert.data();
-      combine.weight = m.weight.data();
+      combine.weight = m.combine_weight();
       combine.row_of_slot = m.row_of_slot.data();
       combine.tokens = T;
       combine.top_k = k;
@@ -808,7 +848,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       }
       mark(kEpCombine);
       const auto* returned = m.direct ? m.ffn_out() : reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.returned_rows));
-      launch_combine(stream, returned, m.weight.data(), m.row_of_slot.data(), T, k, H, output);
+      launch_combine(stream, returned, m.combine_weight(), m.row_of_slot.data(), T, k, H, output);
     }
     if (m.shared) m.shared->add(stream, input, output, T);  // on the routed sum (shared_expert.hpp)
     mark(kEpStageCount);

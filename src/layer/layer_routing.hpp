@@ -19,7 +19,7 @@
 namespace tilemoe::cuda {
 
 // Bad input for what the CUDA backend does not do: fp32 storage, > 1024 experts, GPT-OSS's clamped
-// SwiGLU, Llama-4's input scaling.
+// SwiGLU.
 void validate_cuda_layer(const MoeConfig& config);
 
 struct LayerRouting {

@@ -666,8 +666,9 @@ void layer_variant_on_every_rank(const char* what, const EpWorld& world, const E
   expect(same, std::string(what) + ": a row per expert and tile_signal give the sequential output bitwise");
 }
 
-// The GShard capacity rule (routing.hpp) and a gated shared expert, each on 4 ranks.
-void capacity_and_shared_expert_on_every_rank(std::uint64_t seed) {
+// The GShard capacity rule (routing.hpp), a gated shared expert and Llama-4's input scaling,
+// each on 4 ranks.
+void layer_variants_on_every_rank(std::uint64_t seed) {
   EpWorld world;
   world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 128, .num_experts = 16, .top_k = 4};
   world.tokens_per_rank = {70, 41, 0, 64};
@@ -677,6 +678,12 @@ void capacity_and_shared_expert_on_every_rank(std::uint64_t seed) {
   ExpertWeights weights = random_weights(world.layer, seed + 3);
   weights.shared = cases::random_shared_expert(world.layer, 192, true, seed + 4);
   layer_variant_on_every_rank("a gated shared expert", world, weights, seed + 5);
+  EpWorld llama4 = world;
+  llama4.layer.top_k = 1;
+  llama4.layer.renormalize = false;
+  llama4.layer.router.score = ScoreFunction::Sigmoid;
+  llama4.layer.router.scales_input = true;
+  layer_variant_on_every_rank("Llama-4's input scaling", llama4, random_weights(llama4.layer, seed + 6), seed + 8);
 }
 
 int main(int argc, char** argv) {
@@ -735,7 +742,7 @@ int main(int argc, char** argv) {
       capacity_is_enforced();
       if (!small) device_memory_estimates_hold();
       world_of_one_is_the_one_gpu_layer();
-      capacity_and_shared_expert_on_every_rank(seed + 7);
+      layer_variants_on_every_rank(seed + 7);
       bad_input_is_refused();
       failed_rank_frees_its_peers();
     }

@@ -362,9 +362,10 @@ void layer_variant_matches_the_cpu(const char* what, const MoeConfig& config, co
 
 // Shared experts (DeepSeek's: two of the routed width stored as one, ungated; Qwen2-MoE's: one of
 // its own width, gated by a sigmoid; a shared expert the GPU left out would miss the oracle by
-// its whole share of the output) and the GShard capacity rule (factors that drop some slots and
-// that drop none).
-void shared_experts_and_capacity(std::uint64_t seed) {
+// its whole share of the output), the GShard capacity rule (factors that drop some slots and
+// that drop none) and Llama-4's routing (top-1, the sigmoid weight scaling the expert's input,
+// with its ungated shared expert).
+void layer_variants(std::uint64_t seed) {
   MoeConfig config = small_config(300, 8);
   config.hidden = 256;
   config.ffn_hidden = 128;
@@ -379,6 +380,14 @@ void shared_experts_and_capacity(std::uint64_t seed) {
     layer_variant_matches_the_cpu(("capacity factor " + std::to_string(factor)).c_str(), dropping, random_weights(dropping, seed + 14),
                                   seed + 15, factor < 4.0);
   }
+  MoeConfig llama4 = config;
+  llama4.top_k = 1;
+  llama4.renormalize = false;
+  llama4.router.score = ScoreFunction::Sigmoid;
+  llama4.router.scales_input = true;
+  ExpertWeights weights = random_weights(llama4, seed + 16);
+  weights.shared = cases::random_shared_expert(llama4, llama4.ffn_hidden, false, seed + 17);
+  layer_variant_matches_the_cpu("Llama-4's routing: the weight scales the expert's input", llama4, weights, seed + 18, false);
 }
 
 // Held by the host: spins until *release is set (or ~20 s pass, so a broken test cannot hang).
@@ -474,7 +483,7 @@ int main(int argc, char** argv) {
   }
   // the checks beside the registry's cases; the memory estimate's is not small
   const std::string nan_check = "nan-logits", stall_check = "stalled-stream", memory_check = "device-memory-estimate",
-                    rules_check = "router-rules", shared_check = "shared-experts-and-capacity";
+                    rules_check = "router-rules", shared_check = "layer-variants";
   std::vector<std::string> case_ids, checks;
   for (const std::string& name : named) {
     (name == nan_check || name == stall_check || name == memory_check || name == rules_check || name == shared_check ? checks : case_ids)
@@ -516,7 +525,7 @@ int main(int argc, char** argv) {
     const auto asked = [&](const std::string& check) { return std::find(checks.begin(), checks.end(), check) != checks.end(); };
     if (asked(nan_check)) nan_logits_are_reported();
     if (asked(rules_check)) router_rules_match_the_cpu(seed);
-    if (asked(shared_check)) shared_experts_and_capacity(seed);
+    if (asked(shared_check)) layer_variants(seed);
     if (asked(memory_check)) device_memory_estimate_holds();
     if (asked(stall_check)) stalled_stream_is_a_timeout();  // last: the stalled kernel may still run
   } catch (const std::exception& e) {

@@ -134,7 +134,8 @@ void check_args(const DeviceTransport& t, const EpExchangeArgs& a) {
 }  // namespace
 
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
-                                std::int64_t top_k, bool remote_sources, std::int64_t receive_rows, DispatchVolume volume) {
+                                std::int64_t top_k, bool remote_sources, std::int64_t receive_rows, DispatchVolume volume,
+                                bool input_scales) {
   if (world < 1 || world > kMaxRanks) {
     throw_bad_input("a load/store world has 1 to " + std::to_string(kMaxRanks) + " ranks, not " + std::to_string(world));
   }
@@ -171,6 +172,11 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
     l.gather_room = max_tokens * top_k + max_tokens * std::min<std::int64_t>(top_k, world - 1) + l.receive_capacity;
     l.gather_rows = at;
     at = align_up(at + static_cast<std::size_t>(l.gather_room) * 4, 4096);
+  }
+  if (input_scales) {
+    if (remote_sources) throw_bad_input("the experts' input scaled by the routing weight (Llama-4's) does not reach GIN peers yet");
+    l.expert_in_scale = at;
+    at = align_up(at + static_cast<std::size_t>(l.receive_capacity) * 4, 4096);
   }
   if (remote_sources) {
     l.counts_outbox = at;

@@ -45,6 +45,8 @@ struct EpRegionLayout {
   std::size_t gather_rows = 0;        // [gather_room] int32: this rank's plan's gather table (step_counts.hpp); its
                                       // placement entries are written by the sources, the rest by this rank
   std::size_t received_rows = 0;      // [received_capacity][hidden] bf16: the tokens other ranks sent, once each
+  std::size_t expert_in_scale = 0;    // [receive_capacity] f32: each ExpertIn row's input scale, written by its
+                                      // source (Llama-4's routing, exec/cuda/input_scale.hpp; 0 = absent)
   std::size_t segment_flags = 0;      // [ep_segment_flag_room(world)] u64: the plan's flags that segments raise,
                                       // counters that only grow (segment_copy.hpp)
   std::size_t row_arrivals = 0;       // [max_tokens * top_k] u64: tile_signal raises returned row i's to the epoch
@@ -69,10 +71,11 @@ TILEMOE_HOST_DEVICE constexpr int ep_segment_flag_room(int world) { return 3 * w
 // `remote_sources`: the world has GIN peers (several nodes), so the send side lives in the region.
 // `receive_rows` > 0 caps the receive capacity below the dropless worst case (a step that
 // would exceed it fails on every rank, nothing dropped). `volume`: the dispatch's, whose
-// OncePerRank adds the rank token counts, the gather table and received_rows.
+// OncePerRank adds the rank token counts, the gather table and received_rows; `input_scales`
+// the ExpertIn rows' input scales.
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
                                 std::int64_t top_k, bool remote_sources = false, std::int64_t receive_rows = 0,
-                                DispatchVolume volume = DispatchVolume::RowPerExpert);
+                                DispatchVolume volume = DispatchVolume::RowPerExpert, bool input_scales = false);
 
 // This rank's device tables of a step, written by the counts kernel.
 struct EpLocalTables {
