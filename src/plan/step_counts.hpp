@@ -91,6 +91,10 @@ enum class DispatchOrder : std::uint8_t {
 TILEMOE_HOST_DEVICE inline int dispatch_block_row(const StepCounts& c, DispatchOrder order, int d, int e, int q) {
   return order == DispatchOrder::Ring ? c.ring_block_row(d, e, q) : c.block_row(d, e, q);
 }
+// Where rank q's permuted row `row`, one of global expert x's, sits in the ExpertIn of x's rank.
+TILEMOE_HOST_DEVICE inline int expert_in_row(const StepCounts& c, DispatchOrder order, int q, int x, int row) {
+  return dispatch_block_row(c, order, x / c.local_experts, x % c.local_experts, q) + (row - c.offset_of(q, x));
+}
 // The destination of rank r's step-th send, and the source whose rows land step-th at rank r.
 TILEMOE_HOST_DEVICE inline int dispatch_destination(DispatchOrder order, int r, int step, int world) {
   return order == DispatchOrder::Ring ? (r - step % world + world) % world : (r + step) % world;

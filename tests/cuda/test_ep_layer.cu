@@ -216,27 +216,22 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
       device_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(layer, b.stream);  // as the graph replay compiled it
       transport.host_barrier();  // nobody builds the next layer while a peer still runs this one
     }
-    {
-      cuda::EpMoeLayer host_layer(config, weights, transport, {cuda::GemmPath::Planned, cuda::DispatchPath::Host}, build_plan);
+    // one step of a layer with these options: its output, its device-built plan, its description
+    auto one_step = [&](const cuda::EpMoeLayerOptions& options, Matrix& out, StepPlan& plan, std::string& how) {
+      cuda::EpMoeLayer layer(config, weights, transport, options, build_plan);
+      how = layer.description();
       b.poison();
-      host_layer.forward(b.stream, b.input, b.logits, b.output, T);
-      host_layer.check(b.stream);
-      host_out[ri] = b.read(T, c.hidden);
-      host_path_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(host_layer, b.stream);
+      layer.forward(b.stream, b.input, b.logits, b.output, T);
+      layer.check(b.stream);
+      out = b.read(T, c.hidden);
+      plan = cuda::EpMoeLayerInspector::last_device_plan(layer, b.stream);
       transport.host_barrier();
-    }
-    {  // the device exchange with a row per expert (the host path's volume)
-      cuda::EpMoeLayerOptions rows{cuda::GemmPath::Planned, cuda::DispatchPath::Device};
-      rows.dispatch_volume = DispatchVolume::RowPerExpert;
-      cuda::EpMoeLayer row_layer(config, weights, transport, rows, build_plan);
-      row_description[ri] = row_layer.description();
-      b.poison();
-      row_layer.forward(b.stream, b.input, b.logits, b.output, T);
-      row_layer.check(b.stream);
-      row_out[ri] = b.read(T, c.hidden);
-      row_plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(row_layer, b.stream);
-      transport.host_barrier();
-    }
+    };
+    std::string host_description;
+    one_step({cuda::GemmPath::Planned, cuda::DispatchPath::Host}, host_out[ri], host_path_plans[ri], host_description);
+    cuda::EpMoeLayerOptions rows{cuda::GemmPath::Planned, cuda::DispatchPath::Device};  // the host path's volume on the device
+    rows.dispatch_volume = DispatchVolume::RowPerExpert;
+    one_step(rows, row_out[ri], row_plans[ri], row_description[ri]);
     transport.host_barrier();  // frees (device-wide synchronisations) only after every rank's last step
   });
   if (failures() > failures_before) return;

@@ -215,6 +215,18 @@ void nan_logits_are_reported() {
   cudaFree(output);
 }
 
+// A one-GPU layer's output (device, config.tokens rows) on the GPU's routing against the CPU
+// executor and fp64.
+cases::OracleErrors one_gpu_oracle(const MoeConfig& config, const Matrix& in, const Routing& gpu, const ExpertWeights& weights,
+                                   const __nv_bfloat16* output) {
+  Matrix out(DType::BF16, config.tokens, config.hidden);
+  TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out.data.size(), cudaMemcpyDeviceToHost));
+  EpWorld world;
+  world.layer = config;
+  world.tokens_per_rank = {config.tokens};
+  return cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
+}
+
 // The router's rules of the model families on the GPU against the CPU's route() (the reference,
 // include/tilemoe/routing.hpp) on fresh logits, given or projected by the layer's gate (against
 // the CPU's router_logits()): the same experts (a choice within rounding of a tie may differ: at
@@ -302,12 +314,7 @@ void router_rules_match_the_cpu(std::uint64_t seed) {
     expect(id_mismatch * 1000 <= static_cast<std::int64_t>(gpu.expert.size()) && weight_diff <= tolerance * scale,
            std::string(rule.name) + ": " + std::to_string(id_mismatch) + " of " + std::to_string(gpu.expert.size()) +
                " experts differ from the CPU's, weights within " + std::to_string(weight_diff));
-    Matrix out(DType::BF16, config.tokens, config.hidden);
-    TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out.data.size(), cudaMemcpyDeviceToHost));
-    EpWorld world;
-    world.layer = config;
-    world.tokens_per_rank = {config.tokens};
-    const cases::OracleErrors e = cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
+    const cases::OracleErrors e = one_gpu_oracle(config, in, gpu, weights, output);
     expect(e.within_tolerance(), std::string(rule.name) + ": the layer's output on the GPU's routing against the CPU executor and fp64 (" +
                                      e.describe() + ")");
     cudaFree(input);
@@ -348,12 +355,7 @@ void layer_variant_matches_the_cpu(const char* what, const MoeConfig& config, co
   }
   expect(differ == 0 && (dropped > 0 || !must_drop), std::string(what) + ": the GPU keeps the CPU rule's slots (" +
                                                          std::to_string(dropped) + " dropped, " + std::to_string(differ) + " differ)");
-  Matrix out(DType::BF16, config.tokens, config.hidden);
-  TILEMOE_CUDA_CHECK(cudaMemcpy(out.data.data(), output, out.data.size(), cudaMemcpyDeviceToHost));
-  EpWorld world;
-  world.layer = config;
-  world.tokens_per_rank = {config.tokens};
-  const cases::OracleErrors e = cases::oracle_errors(world, {in}, {gpu}, weights, {out}, cases::kBf16Tolerance);
+  const cases::OracleErrors e = one_gpu_oracle(config, in, gpu, weights, output);
   expect(e.within_tolerance(), std::string(what) + ": the layer's output against the CPU executor and fp64 (" + e.describe() + ")");
   cudaFree(input);
   cudaFree(d_logits);

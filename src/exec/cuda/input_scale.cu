@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "comm/cuda/device_sync.cuh"
+#include "exec/cuda/kept_rows.cuh"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
 
@@ -16,12 +17,10 @@ constexpr int kScaleThreads = 256;
 
 __global__ void __launch_bounds__(kScaleThreads) write_scales_kernel(DeviceTransport t, InputScaleArgs a) {
   const plan_detail::StepCounts& c = a.counts;
-  const int me = t.rank, L = c.local_experts, slots = a.tokens * a.top_k;
-  const int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  // rows past the kept ones hold dropped slots; a failing step's counts may be anything
-  if (row >= slots || row >= c.offset_of(me, c.experts) || transport_failed(t)) return;
-  const int slot = a.slot_of_row[row], x = a.expert[slot], d = x / L, e = x % L;
-  const std::int64_t entry = plan_detail::dispatch_block_row(c, a.order, d, e, me) + (row - c.offset_of(me, x));
+  const int me = t.rank, row = kept_row_of_thread(t, c, a.tokens * a.top_k);
+  if (row < 0) return;
+  const int slot = a.slot_of_row[row], x = a.expert[slot], d = x / c.local_experts;
+  const std::int64_t entry = plan_detail::expert_in_row(c, a.order, me, x, row);
   if (entry < 0 || entry >= a.row_bound) return;  // counts past the room: the step is failing (counts kernel)
   region_at<float>(t, d, a.layout.expert_in_scale)[entry] = a.weight[slot];
   if (d != me) __threadfence_system();  // before the dispatch's release of the row (a later kernel)

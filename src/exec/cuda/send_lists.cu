@@ -3,6 +3,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "comm/cuda/device_sync.cuh"
+#include "exec/cuda/kept_rows.cuh"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/error.hpp"
 
@@ -71,15 +72,12 @@ __global__ void __launch_bounds__(kListThreads) send_lists_kernel(int world, int
 // entry there (see the header).
 __global__ void __launch_bounds__(kPlacementThreads) placements_kernel(DeviceTransport t, PlacementArgs a) {
   const plan_detail::StepCounts& c = a.counts;
-  const int me = t.rank, L = c.local_experts, slots = a.tokens * a.top_k;
-  const int row = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  // (rows past the kept ones hold the slots the capacity rule dropped; a failing step's counts may be anything)
-  if (row >= slots || row >= c.offset_of(me, c.experts) || transport_failed(t)) return;
-  const int slot = a.slot_of_row[row], x = a.expert[slot], d = x / L, e = x % L;
+  const int me = t.rank, row = kept_row_of_thread(t, c, a.tokens * a.top_k);
+  if (row < 0) return;
+  const int slot = a.slot_of_row[row], x = a.expert[slot], d = x / c.local_experts;
   if (d == me) return;
   const int token = slot / a.top_k;
-  const std::int64_t entry = static_cast<std::int64_t>(c.placement_begin(d)) + plan_detail::dispatch_block_row(c, a.order, d, e, me) +
-                             (row - c.offset_of(me, x));
+  const std::int64_t entry = static_cast<std::int64_t>(c.placement_begin(d)) + plan_detail::expert_in_row(c, a.order, me, x, row);
   const int position = a.list_position[token * c.world + d];
   if (position < 0 || entry < 0 || entry >= a.layout.gather_room) {  // counts and lists disagree: not this rank's routing
     record_failure(t, comm::WaitState::PlanInvalid, d, comm::WaitSubject::DispatchRows, static_cast<std::uint64_t>(entry),
