@@ -713,6 +713,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       lists.expert = m.expert.data();
       lists.slot_of_row = m.slot_of_row.data();
       lists.row_of_slot = m.row_of_slot.data();
+      lists.kept_rows = m.row_offset.data() + c.num_experts;
       lists.tokens = T;
       lists.top_k = k;
       lists.local_experts = m.local_experts;

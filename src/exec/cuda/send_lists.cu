@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kListThreads) send_lists_kernel(int world, int
   using Scan = cub::BlockScan<int, kListThreads>;
   __shared__ typename Scan::TempStorage scan;
   __shared__ int s_total[kMaxRanks];
-  const int tid = static_cast<int>(threadIdx.x), slots = a.tokens * a.top_k;
+  const int tid = static_cast<int>(threadIdx.x), kept = *a.kept_rows;
   const int per = (a.tokens + kListThreads - 1) / kListThreads;
   const int first = min(tid * per, a.tokens), last = min(first + per, a.tokens);
   int mine[kMaxRanks];
@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(kListThreads) send_lists_kernel(int world, int
     if (tid == 0) s_total[d] = total;
     __syncthreads();  // the temp storage is reused by the next scan
   }
-  int list_begin[kMaxRanks];  // where d's list starts in the gather table: after the permuted order
-  int running = slots;
+  int list_begin[kMaxRanks];  // where d's list starts in the gather table: after the permuted order's kept rows
+  int running = kept;
   for (int d = 0; d < world; ++d) {
     list_begin[d] = running;
     running += s_total[d];
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kListThreads) send_lists_kernel(int world, int
       a.list_position[t * world + d] = position;
     }
   }
-  for (int row = tid; row < slots && row < a.gather_room; row += kListThreads) a.gather_rows[row] = a.slot_of_row[row] / a.top_k;
+  for (int row = tid; row < kept && row < a.gather_room; row += kListThreads) a.gather_rows[row] = a.slot_of_row[row] / a.top_k;
   if (tid < world) a.rank_tokens[tid] = s_total[tid];
 }
 
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kPlacementThreads) placements_kernel(DeviceTra
 
 void launch_send_lists(cudaStream_t stream, const DeviceTransport& t, const SendListArgs& a) {
   if (t.world < 1 || t.world > kMaxRanks || a.tokens < 0 || a.top_k < 1 || a.local_experts < 1 || a.gather_rows == nullptr ||
-      a.rank_tokens == nullptr || a.list_position == nullptr || a.row_of_slot == nullptr) {
+      a.rank_tokens == nullptr || a.list_position == nullptr || a.row_of_slot == nullptr || a.kept_rows == nullptr) {
     throw_internal("send lists: bad arguments");
   }
   send_lists_kernel<<<1, kListThreads, 0, stream>>>(t.world, t.rank, a);

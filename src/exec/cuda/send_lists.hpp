@@ -28,6 +28,8 @@ struct SendListArgs {
   const std::int32_t* expert = nullptr;  // [tokens][top_k] the step's routing
   const int* slot_of_row = nullptr;      // [tokens * top_k] the slot of each permuted row
   const int* row_of_slot = nullptr;      // [tokens * top_k] its inverse, -1 for a slot the capacity rule dropped
+  const int* kept_rows = nullptr;        // device [1]: the permuted rows kept (the layout's row_offset[experts]),
+                                         // where the send lists start in the gather table
   int tokens = 0, top_k = 0, local_experts = 0;
   int* rank_tokens = nullptr;    // out [world]
   int* list_position = nullptr;  // out [tokens][world]: token t's row in the list for d, -1 if not sent there
