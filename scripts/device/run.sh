@@ -287,10 +287,11 @@ for step in "${steps[@]}"; do
         --tilemoe "$bin/tilemoe" --json "$out/transformers.json" ;;
     model-fixtures)  # the checked-in model fixtures (tests/fixtures/models) rerun by this machine's transformers,
       # so that they cannot go stale; then those the GPU runs through its router (mixtral, qwen3, and with their
-      # shared experts qwen2, deepseek-v3 and llama-4; the GPU stores bf16, so the fp32 models run rounded to bf16)
+      # shared experts qwen2, deepseek-v3 and llama-4, gpt-oss with its biases; the GPU stores bf16, so the fp32 models
+      # run rounded to bf16)
       run_step model-fixtures env PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 timeout 120 python3 scripts/make_model_fixtures.py \
         --check tests/fixtures/models
-      for fixture in mixtral_fp32:1 mixtral_bf16_sharded:2 qwen3_moe_bf16_fused:0 qwen2_moe_fp32:1 deepseek_v3_bf16:1 deepseek_v3_fp32:2 llama4_bf16:2 llama4_multimodal_bf16:1; do
+      for fixture in mixtral_fp32:1 mixtral_bf16_sharded:2 qwen3_moe_bf16_fused:0 qwen2_moe_fp32:1 deepseek_v3_bf16:1 deepseek_v3_fp32:2 llama4_bf16:2 llama4_multimodal_bf16:1 gpt_oss_bf16:0 gpt_oss_fp32:1; do
         run_step "model-gpu-${fixture%%:*}" timeout 60 "$bin/tilemoe" run --backend cuda --ranks 2 --model "tests/fixtures/models/${fixture%%:*}" \
           --layer "${fixture##*:}" --inputs "tests/fixtures/models/${fixture%%:*}/block_case.safetensors" --dtype bf16
       done ;;

@@ -493,7 +493,6 @@ EpMoeLayer::EpMoeLayer(const MoeConfig& layer, const ExpertWeights& weights, Ran
                        EpMoeLayerHarness harness)
     : impl_(std::make_unique<Impl>()) {
   check_weights_match(weights, layer);
-  if (weights.has_biases()) throw_bad_input("the CUDA backend runs no expert biases yet (GPT-OSS): use --backend cpu");
   impl_->init(layer, transport, options, harness);
   if (impl_->ffn) impl_->ffn->upload(weights);
   if (weights.shared) impl_->shared = std::make_unique<SharedExpertFfn>(layer, *weights.shared, layer.tokens, impl_->device);

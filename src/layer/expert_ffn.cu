@@ -46,6 +46,9 @@ struct ExpertFfn::Impl {
     PlannedGemmRun r;
     r.plan = options.plan;
     r.plan_layer = layer;
+    const DeviceArray<float>& bias = layer == 0 ? bias0 : bias1;
+    r.bias = bias.count() > 0 ? bias.data() : nullptr;
+    if (layer == 0) r.swiglu = this->layer.swiglu;
     r.A = A;
     r.a_rows = a_rows;
     r.B = B;
@@ -56,6 +59,7 @@ struct ExpertFfn::Impl {
     return r;
   }
   DeviceArray<__nv_bfloat16> h, act;
+  DeviceArray<float> bias0, bias1;  // the experts' biases (GPT-OSS), as the planned GEMMs add them: [experts][gemm0_n], [experts][hidden]
   std::unique_ptr<GroupedGemm> gemm0, gemm1;        // GemmPath::Stock
   std::unique_ptr<PlannedGemm> planned0, planned1;  // GemmPath::Planned
   ExpertFfnOptions options;
@@ -81,6 +85,9 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
     throw_bad_input("the overlap strategies need the planned GEMM (its tile table and flags)");
   }
   if (path == GemmPath::Planned && options.plan == nullptr) throw_internal("the planned GEMMs walk a plan, and none was given");
+  if (path == GemmPath::Stock && !layer.swiglu.is_default()) {
+    throw_bad_input("GPT-OSS's clamped SwiGLU runs in the planned GEMM's epilogue: use the planned GEMM");
+  }
   m.gelu = layer.activation == Activation::GELU;
   const std::int64_t H = layer.hidden, F = layer.ffn_hidden;
   m.gemm0_n = m.gelu ? F : 2 * F;
@@ -127,9 +134,29 @@ DeviceFootprint ExpertFfn::device_bytes(const MoeConfig& layer, std::int64_t exp
 }
 
 void ExpertFfn::upload(const ExpertWeights& weights) {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
   check_weights_match(weights, m.layer);
   const std::int64_t H = m.layer.hidden, F = m.layer.ffn_hidden;
+  if (weights.has_biases()) {  // GEMM0's in its B's column order (gate and up interleaved for SwiGLU)
+    if (m.path == GemmPath::Stock) throw_bad_input("expert biases (GPT-OSS's) are added by the planned GEMM: use the planned GEMM");
+    std::vector<float> bias0(static_cast<std::size_t>(m.experts * m.gemm0_n)), bias1(static_cast<std::size_t>(m.experts * H));
+    for (std::int64_t le = 0; le < m.experts; ++le) {
+      const std::int64_t e = m.first + le;
+      for (std::int64_t f = 0; f < F; ++f) {
+        const float gate = weights.b1[static_cast<std::size_t>(e * F + f)];
+        if (m.gelu) {
+          bias0[static_cast<std::size_t>(le * F + f)] = gate;
+        } else {
+          bias0[static_cast<std::size_t>(le * 2 * F + 2 * f)] = gate;
+          bias0[static_cast<std::size_t>(le * 2 * F + 2 * f + 1)] = weights.b3[static_cast<std::size_t>(e * F + f)];
+        }
+      }
+      for (std::int64_t o = 0; o < H; ++o) bias1[static_cast<std::size_t>(le * H + o)] = weights.b2[static_cast<std::size_t>(e * H + o)];
+    }
+    use_device(m.device);
+    m.bias0 = DeviceArray<float>(bias0.data(), bias0.size());
+    m.bias1 = DeviceArray<float>(bias1.data(), bias1.size());
+  }
   // weights in the nn.Linear layout [out][in], gate and up rows interleaved for SwiGLU
   std::vector<__nv_bfloat16> w0(w0_.count()), w2(w2_.count());
   for (std::int64_t le = 0; le < m.experts; ++le) {

@@ -17,7 +17,6 @@ void validate_cuda_layer(const MoeConfig& c) {
   validate(c);
   if (c.dtype != DType::BF16) throw_bad_input("the CUDA backend stores bf16 only: use --dtype bf16");
   if (c.num_experts > 1024) throw_bad_input("the CUDA router handles at most 1024 experts");
-  if (!c.swiglu.is_default()) throw_bad_input("the CUDA backend has no clamped SwiGLU (GPT-OSS's) yet: use --backend cpu");
 }
 
 void LayerRouting::allocate(const MoeConfig& c) {

@@ -18,8 +18,7 @@
 
 namespace tilemoe::cuda {
 
-// Bad input for what the CUDA backend does not do: fp32 storage, > 1024 experts, GPT-OSS's clamped
-// SwiGLU.
+// Bad input for what the CUDA backend does not do: fp32 storage, > 1024 experts.
 void validate_cuda_layer(const MoeConfig& config);
 
 struct LayerRouting {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <random>
 
+#include "tilemoe/dtype.hpp"
 #include "tilemoe/error.hpp"
 
 namespace tilemoe::cases {
@@ -193,6 +194,24 @@ std::shared_ptr<const SharedExpert> random_shared_expert(const MoeConfig& layer,
   // x . gate has about unit variance on unit inputs: sigmoid spreads over about (0.1, 0.9)
   const std::vector<float> gate = gated ? draw(layer.hidden, layer.hidden) : std::vector<float>{};
   return std::make_shared<const SharedExpert>(make_shared_expert(layer, ffn, w1, w3, w2, gate));
+}
+
+ExpertWeights biased_weights(const MoeConfig& layer, std::uint64_t seed) {
+  ExpertWeights w = random_weights(layer, seed);
+  for (std::vector<float>* m : {&w.w1t, &w.w3t}) {
+    for (float& v : *m) v = round_to(layer.dtype, 4.0f * v);
+  }
+  std::mt19937_64 rng(seed + 1);
+  std::uniform_real_distribution<float> dist(-0.5f, 0.5f);
+  auto draw = [&](std::int64_t count) {
+    std::vector<float> values(static_cast<std::size_t>(count));
+    for (float& v : values) v = round_to(layer.dtype, dist(rng));
+    return values;
+  };
+  w.b1 = draw(layer.num_experts * layer.ffn_hidden);
+  w.b3 = draw(layer.num_experts * layer.ffn_hidden);
+  w.b2 = draw(layer.num_experts * layer.hidden);
+  return w;
 }
 
 }  // namespace tilemoe::cases

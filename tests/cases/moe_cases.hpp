@@ -13,6 +13,7 @@
 
 #include "tilemoe/config.hpp"
 #include "tilemoe/shared_expert.hpp"
+#include "tilemoe/weights.hpp"
 #include "tilemoe/synthetic.hpp"
 
 namespace tilemoe::cases {
@@ -69,5 +70,10 @@ std::vector<MoeCase> select_cases(bool expert_parallel, Mode mode, const std::ve
 // A shared expert `ffn` wide for `layer` (shared_expert.hpp), weights drawn as random_weights
 // draws an expert's, and with `gated` a gate row that spreads sigmoid over (0.1, 0.9).
 std::shared_ptr<const SharedExpert> random_shared_expert(const MoeConfig& layer, std::int64_t ffn, bool gated, std::uint64_t seed);
+
+// GPT-OSS-like experts for `layer` (its dtype): random_weights with the gate and up matrices 4x
+// larger, so that a few percent of unit inputs' gate and up values pass a clamp of 7, and biases
+// drawn in (-0.5, 0.5) (ExpertWeights::b1, b3, b2).
+ExpertWeights biased_weights(const MoeConfig& layer, std::uint64_t seed);
 
 }  // namespace tilemoe::cases

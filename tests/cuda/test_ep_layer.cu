@@ -661,8 +661,8 @@ void layer_variant_on_every_rank(const char* what, const EpWorld& world, const E
   expect(same, std::string(what) + ": a row per expert and tile_signal give the sequential output bitwise");
 }
 
-// The GShard capacity rule (routing.hpp), a gated shared expert and Llama-4's input scaling,
-// each on 4 ranks.
+// The GShard capacity rule (routing.hpp), a gated shared expert, Llama-4's input scaling and
+// GPT-OSS's experts, each on 4 ranks.
 void layer_variants_on_every_rank(std::uint64_t seed) {
   EpWorld world;
   world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 128, .num_experts = 16, .top_k = 4};
@@ -679,6 +679,9 @@ void layer_variants_on_every_rank(std::uint64_t seed) {
   llama4.layer.router.score = ScoreFunction::Sigmoid;
   llama4.layer.router.scales_input = true;
   layer_variant_on_every_rank("Llama-4's input scaling", llama4, random_weights(llama4.layer, seed + 6), seed + 8);
+  EpWorld gpt_oss = world;
+  gpt_oss.layer.swiglu = {7.0f, 1.702f, 1.0f};
+  layer_variant_on_every_rank("GPT-OSS's biases and clamped SwiGLU", gpt_oss, cases::biased_weights(gpt_oss.layer, seed + 9), seed + 10);
 }
 
 int main(int argc, char** argv) {

@@ -365,8 +365,8 @@ void layer_variant_matches_the_cpu(const char* what, const MoeConfig& config, co
 // Shared experts (DeepSeek's: two of the routed width stored as one, ungated; Qwen2-MoE's: one of
 // its own width, gated by a sigmoid; a shared expert the GPU left out would miss the oracle by
 // its whole share of the output), the GShard capacity rule (factors that drop some slots and
-// that drop none) and Llama-4's routing (top-1, the sigmoid weight scaling the expert's input,
-// with its ungated shared expert).
+// that drop none), Llama-4's routing (top-1, the sigmoid weight scaling the expert's input,
+// with its ungated shared expert) and GPT-OSS's experts (biases, the clamped SwiGLU).
 void layer_variants(std::uint64_t seed) {
   MoeConfig config = small_config(300, 8);
   config.hidden = 256;
@@ -390,6 +390,13 @@ void layer_variants(std::uint64_t seed) {
   ExpertWeights weights = random_weights(llama4, seed + 16);
   weights.shared = cases::random_shared_expert(llama4, llama4.ffn_hidden, false, seed + 17);
   layer_variant_matches_the_cpu("Llama-4's routing: the weight scales the expert's input", llama4, weights, seed + 18, false);
+  MoeConfig gpt_oss = config;  // its router (the softmax of the k chosen logits), expert biases, clamped SwiGLU
+  gpt_oss.top_k = 4;
+  gpt_oss.router.score = ScoreFunction::Logits;
+  gpt_oss.router.weights = RouterWeights::SoftmaxOfSelected;
+  gpt_oss.swiglu = {7.0f, 1.702f, 1.0f};
+  layer_variant_matches_the_cpu("GPT-OSS's experts: biases and the clamped SwiGLU", gpt_oss, cases::biased_weights(gpt_oss, seed + 19),
+                                seed + 20, false);
 }
 
 // Held by the host: spins until *release is set (or ~20 s pass, so a broken test cannot hang).

@@ -52,8 +52,8 @@ class MoeLayer {
  public:
   // `config.tokens` is the largest token count forward() will be given; workspaces are sized
   // for it once. Weights are uploaded (bf16) to `device`. Bad input (fp32 storage, more than
-  // 1024 experts, GPT-OSS's clamped SwiGLU) is a bad-input error: the CUDA backend does not do
-  // them yet.
+  // 1024 experts; expert biases or GPT-OSS's clamped SwiGLU on the stock GEMM) is a bad-input
+  // error: the CUDA backend does not do them yet.
   MoeLayer(const MoeConfig& config, const ExpertWeights& weights, int device = 0, MoeLayerOptions options = {});
   MoeLayer(const MoeConfig& config, RandomDeviceWeights weights, int device = 0, MoeLayerOptions options = {});
   ~MoeLayer();

@@ -127,6 +127,11 @@ struct PlannedGemmRun {
   ItemFetch item_fetch = ItemFetch::Default;     // see ItemFetch
   PlannedProbeRecord* probe = nullptr;  // optional, 16-byte aligned [grid_ctas() * kProbeRoles]:
                                         // where each role is (planned_gemm_probe.hpp; diagnosis)
+  // device, optional [groups][N] fp32: added to each sum before the activation (GPT-OSS's expert
+  // biases; a SwiGLU GEMM's gate and up biases interleaved as its B's columns), as the CPU adds
+  // a bias to the finished fp32 sum
+  const float* bias = nullptr;
+  SwigluVariant swiglu;  // the SwiGLU epilogue's variant (GPT-OSS's clamp); the default is silu(gate) * up
 };
 
 class PlannedGemm {

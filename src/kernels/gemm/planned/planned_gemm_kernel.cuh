@@ -177,6 +177,9 @@ struct PlannedGemmTypes {
     PaddingMma padding_mma;  // resolved on the host: never Default
     int* item_counter;       // dynamic fetch: zeroed by the setup kernel; nullptr: static fetch
     PlannedProbeRecord* probe;  // optional [grid CTAs][kProbeRoles], cluster-major (planned_gemm_probe.hpp)
+    const float* bias;          // optional [groups][N], added to the fp32 sums before the activation
+    SwigluVariant swiglu;       // the SwiGLU epilogue's
+    bool plain_swiglu;          // swiglu is the default: silu(gate) * up
   };
 };
 
@@ -186,6 +189,15 @@ struct PlannedGemmTypes {
 // x < -88, e^-x is inf and x * rcp(inf) = -0, the limit.
 __device__ __forceinline__ float planned_silu(float x) { return __fdividef(x, 1.0f + __expf(-x)); }
 __device__ __forceinline__ float planned_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+// GPT-OSS's SwiGLU (SwigluVariant, as the CPU's clamped_swiglu): the gate clamped from above and
+// the up value both ways, gate * sigmoid(alpha * gate), times up plus its offset.
+__device__ __forceinline__ float planned_clamped_swiglu(const SwigluVariant& v, float gate, float up) {
+  if (v.limit > 0.0f) {
+    gate = fminf(gate, v.limit);
+    up = fminf(fmaxf(up, -v.limit), v.limit);
+  }
+  return (up + v.up_offset) * (gate * (1.0f / (1.0f + expf(-(v.alpha * gate)))));
+}
 
 // A barrier over the 256 MMA threads (hardware barrier 8: CUTLASS reserves 0-7). Unlike
 // cutlass::arch::NamedBarrier, the asm carries a memory clobber, so the compiler cannot move
@@ -442,14 +454,24 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         for (int i = 0; i < size(accum); i += 2) {
           const int r = get<0>(tile_coord(i));
           const int c = get<1>(tile_coord(i));
+          // the GEMM's columns of accum(i) and accum(i + 1): (gate, up) or two neighbours
+          const int64_t gemm_col = (kEpilogue == PlannedEpilogue::SwiGLU ? 2 * col_base : col_base) + c;
+          float v0 = accum(i), v1 = accum(i + 1);
+          if (params.bias != nullptr && gemm_col < params.N) {  // (N is even: both columns are in)
+            const float* b = params.bias + int64_t(e.group) * params.N + gemm_col;
+            v0 += b[0];
+            v1 += b[1];
+          }
           if constexpr (kEpilogue == PlannedEpilogue::SwiGLU) {
-            stage[r * kStagePitch + c / 2] = __float2bfloat16_rn(planned_silu(accum(i)) * accum(i + 1));
+            stage[r * kStagePitch + c / 2] = __float2bfloat16_rn(params.plain_swiglu ? planned_silu(v0) * v1
+                                                                                           : planned_clamped_swiglu(params.swiglu, v0, v1));
           } else {
             const int sc = c - pass * kStageCols;
             if (sc >= 0 && sc < kStageCols) {
-              const bool gelu = kEpilogue == PlannedEpilogue::GELU;
-              const float v0 = gelu ? planned_gelu(accum(i)) : accum(i);
-              const float v1 = gelu ? planned_gelu(accum(i + 1)) : accum(i + 1);
+              if constexpr (kEpilogue == PlannedEpilogue::GELU) {
+                v0 = planned_gelu(v0);
+                v1 = planned_gelu(v1);
+              }
               *reinterpret_cast<__nv_bfloat162*>(stage + r * kStagePitch + sc) = __floats2bfloat162_rn(v0, v1);
             }
           }
@@ -574,7 +596,8 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     TILEMOE_CUDA_CHECK_LAUNCH("planned_gemm_setup_kernel<<<>>>");
     typename Types::Params params{mainloop_params_, r.table, r.count, r.plan, r.plan_layer, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
-                                  r.D, r.flags, r.flag_offset, r.tile_times, padding_mma, item_counter, r.probe};
+                                  r.D, r.flags, r.flag_offset, r.tile_times, padding_mma, item_counter, r.probe, r.bias, r.swiglu,
+                                  r.swiglu.is_default()};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));
