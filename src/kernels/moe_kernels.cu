@@ -465,8 +465,7 @@ void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, i
     TILEMOE_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  if (temp_bytes < layout_temp_bytes(slots, experts, top_k)) throw_internal("layout: scratch too small");
-  // carve the scratch (layout_temp_bytes)
+  // carve the scratch (layout_temp_bytes; CUB refuses its part if the caller's is too small)
   char* at = static_cast<char*>(temp);
   auto carve = [&](std::size_t bytes) {
     void* p = at;
@@ -479,7 +478,9 @@ void launch_layout(cudaStream_t stream, const std::int32_t* expert, int slots, i
   auto* ordered_slots = static_cast<int*>(carve(slot_ids_bytes(slots)));
   auto* capacity_key = static_cast<std::int32_t*>(carve(slot_ids_bytes(slots)));
   auto* first = static_cast<int*>(carve(slot_ids_bytes(experts + 1)));
-  const std::size_t cub_bytes = temp_bytes - static_cast<std::size_t>(at - static_cast<char*>(temp));
+  const auto carved = static_cast<std::size_t>(at - static_cast<char*>(temp));
+  if (carved > temp_bytes) throw_internal("layout: scratch too small (layout_temp_bytes)");
+  const std::size_t cub_bytes = temp_bytes - carved;
   const int blocks = blocks_for(slots, 256);
   iota_kernel<<<blocks, 256, 0, stream>>>(slots, slot_ids);
   TILEMOE_CUDA_CHECK(cudaGetLastError());
