@@ -57,6 +57,7 @@ struct Variant {
   int band_block = 0;  // 0 = the layer's rule
   bool warmup = false;  // run, not reported: the first world of a shape runs slower (measured 3%)
   std::optional<DispatchVolume> volume;  // unset: the layer's default (a token once per destination rank)
+  std::int64_t split_cols = 0;           // comet's GEMM1 columns per split (0: the strategy's)
 };
 
 struct Result {
@@ -275,7 +276,9 @@ int main(int argc, char** argv) {
                                      {Strategy::Sequential, 0, 1},
                                      {Strategy::Auto, 0, 1},
                                      {Strategy::TileSignal, 0, 1},
-                                     {Strategy::TileSignal, 0, 1, kWholeExpert}};
+                                     {Strategy::TileSignal, 0, 1, kWholeExpert},
+                                     {Strategy::Comet, 0, 1},
+                                     {Strategy::Comet, 0, 1, 0, false, std::nullopt, 1024}};
     const std::vector<int> sweep_c = quick ? std::vector<int>{2, 4, 8} : std::vector<int>{2, 4, 8, 14, 20, 28};
     for (int c : sweep_c) {
       for (int mgb : {1, 2}) variants.push_back({Strategy::TileSignal, c, mgb});
@@ -324,6 +327,7 @@ int main(int argc, char** argv) {
             options.tile_signal.band_block = v.band_block;
             options.receive_rows = receive_rows;
             options.dispatch_volume = v.volume;
+            options.comet.split_cols = v.split_cols;
             options.record_trace = true;  // every variant's last step: GEMM1's span next to the consumer's
             const std::size_t region = cuda::EpMoeLayer::region_bytes(config, n, options);
             // each rank's output against its own sequential output (kept by the rank's process)
@@ -422,6 +426,8 @@ int main(int argc, char** argv) {
                 v.strategy == Strategy::Sequential ? std::string(row_per_expert ? "sequential row/expert" : "sequential")
                 : v.strategy == Strategy::Auto
                     ? std::string("auto -> ") + (overlapped ? "c=" + std::to_string(res.consumer_ctas) : "sequential")
+                : v.strategy == Strategy::Comet
+                    ? std::string("comet") + (v.split_cols > 0 ? " split=" + std::to_string(v.split_cols) : "")
                     : (v.consumer_ctas == 0 ? "tile_signal model-c" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
                           " mgb=" + std::to_string(v.mgb) + (v.band_block == kWholeExpert ? " unblocked" : "");
             const OverlapTimes& times = res.times;

@@ -1,5 +1,5 @@
-// COMET's counts-only compiler (comet_plan.hpp), which the host runs for the CPU engine and a GPU
-// is to run every step: its lanes may run in any order, GEMM0's bands come in the ring order of
+// COMET's counts-only compiler (comet_plan.hpp), which the host runs for the CPU engine and the GPU
+// runs every step: its lanes may run in any order, GEMM0's bands come in the ring order of
 // their last source and wait for exactly the sources of their rows, GEMM1 runs split after split,
 // and every plan passes the checker with either dispatch.
 #include <gtest/gtest.h>
@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "plan/plan_tables.hpp"
 #include "step_fixture.hpp"
 #include "strategies/comet/comet_plan.hpp"
+#include "strategies/strategies.hpp"
 
 using namespace tilemoe;
 using namespace tilemoe::plan_detail;
@@ -130,5 +132,71 @@ TEST(CometPlan, PlansFromARoutingPassTheChecker) {
     o.comet.split_cols = std::min<std::int64_t>(w.layer.hidden, 8 * static_cast<std::int64_t>(rng() % 3));  // 0: a quarter of hidden
     o.dispatch = trial % 2 == 0 ? DispatchVolume::OncePerRank : DispatchVolume::RowPerExpert;
     ASSERT_NO_THROW(validate_plan(compile_plan(Strategy::Comet, w, step.routing, o))) << "trial " << trial;
+  }
+}
+
+// The GPU's order (1x2 pairs of column tiles): mates adjacent, sharing their band and waits (a
+// padding mate loads part of the rows its partner computes on), padding only where a band's
+// tiles of a GEMM (of a split) are odd; the real tiles are the unpaired plan's; every wait for a
+// GEMM's flag expects exactly the real tiles that raise it; and the plans pass the checker.
+TEST(CometPlan, TheGpusPairsKeepMatesTogetherAndCountRealTiles) {
+  std::mt19937 rng(1207);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int world = 1 + static_cast<int>(rng() % 5);
+    const std::int64_t experts = world * (1 + static_cast<std::int64_t>(rng() % 3));
+    const std::int64_t k = 1 + static_cast<std::int64_t>(rng() % std::min<std::int64_t>(experts, 5));
+    std::vector<std::int64_t> tokens(static_cast<std::size_t>(world));
+    for (auto& t : tokens) t = static_cast<std::int64_t>(rng() % 30);
+    const std::int64_t tile_n = 8;
+    const EpWorld w = tilemoe::testing::make_world(tokens, tile_n * (1 + static_cast<std::int64_t>(rng() % 7)),
+                                                   tile_n * (1 + static_cast<std::int64_t>(rng() % 5)), experts, k);
+    const auto step = tilemoe::testing::make_case(w, static_cast<RoutingPattern>(trial % 3), 90 + static_cast<std::uint64_t>(trial));
+    CometShape paired;
+    paired.gemm.tile_m = 1 + static_cast<std::int64_t>(rng() % 6);
+    paired.gemm.tile_n[0] = paired.gemm.tile_n[1] = tile_n;
+    paired.gemm.combine_tokens = 5;
+    paired.gemm.dispatch = trial % 2 == 0 ? DispatchVolume::OncePerRank : DispatchVolume::RowPerExpert;
+    paired.gemm.cluster = cuda::PlannedCluster::N2;
+    paired.split_cols = tile_n * (1 + static_cast<std::int64_t>(rng() % 3));
+    CometShape unpaired = paired;
+    unpaired.gemm.cluster = cuda::PlannedCluster::None;
+    const std::vector<StepPlan> plans = compile_comet_at(w, step.routing, PlanOptions{}, paired);
+    const std::vector<StepPlan> singles = compile_comet_at(w, step.routing, PlanOptions{}, unpaired);
+    ASSERT_NO_THROW(validate_plan(plans)) << "trial " << trial;
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + " rank " + std::to_string(rank));
+      const StepPlan& p = plans[static_cast<std::size_t>(rank)];
+      ASSERT_EQ(p.tiles.size() % 2, 0u);
+      using Key = std::tuple<int, int, std::int64_t, std::int64_t, std::int64_t>;
+      std::multiset<Key> real, single;
+      for (std::size_t i = 0; i < p.tiles.size(); i += 2) {
+        const GemmTile& a = p.tiles[i];
+        const GemmTile& b = p.tiles[i + 1];
+        EXPECT_EQ(a.layer, b.layer);
+        EXPECT_EQ(a.expert, b.expert);
+        EXPECT_EQ(a.row_begin, b.row_begin);
+        EXPECT_EQ(a.wait_begin, b.wait_begin);
+        EXPECT_EQ(a.wait_count, b.wait_count);
+        ASSERT_GT(a.row_end, a.row_begin) << "the first mate computes";
+        if (b.row_end == b.row_begin) {  // padding: its partner's copy, raising nothing
+          EXPECT_EQ(b.col_begin, a.col_begin);
+          EXPECT_EQ(b.signal_flag, kNoFlag);
+        } else {
+          EXPECT_EQ(b.col_begin, a.col_begin + tile_n);
+        }
+        for (const GemmTile* t : {&a, &b}) {
+          if (t->row_end > t->row_begin) real.insert({t->layer, t->expert, t->row_begin, t->row_end, t->col_begin});
+        }
+      }
+      for (const GemmTile& t : singles[static_cast<std::size_t>(rank)].tiles) single.insert({t.layer, t.expert, t.row_begin, t.row_end, t.col_begin});
+      EXPECT_TRUE(real == single) << "the paired plan computes the unpaired plan's tiles";
+      CometShape at_rank = paired;
+      at_rank.gemm.hidden = w.layer.hidden;
+      for (const FlagWait& fw : p.waits) {
+        if (fw.flag < comet_segment_flags(world, comet_splits(at_rank))) continue;  // a segment's flag
+        const auto raising = std::count_if(p.tiles.begin(), p.tiles.end(), [&](const GemmTile& t) { return t.signal_flag == static_cast<std::int32_t>(fw.flag); });
+        EXPECT_EQ(static_cast<std::int64_t>(fw.expected), raising) << "flag " << fw.flag;
+      }
+    }
   }
 }

@@ -9,7 +9,7 @@ namespace tilemoe {
 // Sequential: dispatch all-to-all, all expert FFNs, combine all-to-all (Megatron / Tutel).
 // TileSignal: GEMM1 raises a flag per row band, remote bands first, and a consumer ships each
 //             band as soon as it is ready (ICPP 2026); bitwise the sequential output.
-// Comet:      token-split layer 0, column-split layer 1 (MLSys 2025); CPU engine only for now.
+// Comet:      token-split layer 0, column-split layer 1 (MLSys 2025).
 // Auto:       a GPU layer runs TileSignal with the cost model's split where the model sees it
 //             win for the layer's shape (src/strategies/tile_signal/split_model.hpp), else
 //             Sequential. Not a plan compiler: the CPU engine runs named strategies.

@@ -225,6 +225,16 @@ for step in "${steps[@]}"; do
       expect_refusal cli-ep-host-once "row-per-expert" "$bin/tilemoe" run --backend cuda --ranks 2 --tokens 64 --dispatch host \
         --dispatch-volume once-per-rank
       expect_timeout cli-ep-silent "rank 1 stalled" "$bin/tilemoe" run --backend cuda --ranks 4 --silent-rank 1 --timeout-ms 2000 ;;
+    comet)  # comet on the GPU (the dispatch beside GEMM0, GEMM1 in column splits): the CLI against sequential,
+      # a silent rank, then the layer against sequential and tile_signal on SM partitions with emulated links
+      run_step cli-comet "$bin/tilemoe" run --backend cuda --ranks 4 --strategy comet
+      run_step cli-comet-partitions "$bin/tilemoe" run --backend cuda --ranks 4 --sms-per-rank 32 --link-gbps 50 --strategy comet \
+        --tokens 2048 --hidden 2048 --ffn-hidden 1024 --experts 32 --top-k 8
+      expect_timeout cli-comet-silent "rank 1 stalled" "$bin/tilemoe" run --backend cuda --ranks 4 --silent-rank 1 --timeout-ms 2000 \
+        --strategy comet
+      case_args=()
+      for c in ${COMET_CASES:-deepseek-v3:4096:8 mixtral-8x7b:4096:8}; do case_args+=(--case "$c"); done
+      run_step comet-layer "$bin/tile_signal_bench" --quick "${case_args[@]}" --json "$out/comet_layer.json" --trace "$traces/comet_trace" ;;
     dispatch-volume)  # a token once per destination rank against a row per expert, in the same runs: the layer's
       # sequential rows of tile_signal_bench (SM partitions, emulated links) and the exchange alone
       case_args=()

@@ -20,6 +20,9 @@
 #include "exec/cuda/segment_copy.hpp"
 #include "exec/cuda/send_lists.hpp"
 #include "exec/cuda/input_scale.hpp"
+#include "strategies/comet/device_compiler.hpp"
+#include "strategies/comet/gpu_plan_shape.hpp"
+#include "strategies/comet/gpu_setup.hpp"
 #include "strategies/sequential/device_compiler.hpp"
 #include "strategies/sequential/exchange_setup.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
@@ -68,6 +71,20 @@ DispatchVolume resolved_dispatch_volume(const EpMoeLayerOptions& o, int world, b
                     ": use row-per-expert");
   }
   return *o.dispatch_volume;
+}
+
+// The strategy a layer of this world runs for `o.strategy` before any cost model: comet in a
+// world of one is sequential (nothing to overlap).
+Strategy world_strategy(const EpMoeLayerOptions& o, int world) {
+  return o.strategy == Strategy::Comet && world == 1 ? Strategy::Sequential : o.strategy;
+}
+
+// The flags segments may raise in this layer's region: comet's split arrivals need more than the
+// other strategies' (comet_plan.hpp); 0 for those.
+int segment_flags_of(const MoeConfig& c, int world, const EpMoeLayerOptions& o) {
+  if (world_strategy(o, world) != Strategy::Comet) return 0;
+  const std::int64_t split = comet_gpu_split_cols(c.hidden, o.comet);
+  return static_cast<int>(plan_detail::comet_segment_flags(world, static_cast<int>((c.hidden + split - 1) / split)));
 }
 
 }  // namespace
@@ -138,6 +155,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   cudaEvent_t fork = nullptr, join = nullptr;
   int combine_ctas = 0;  // the owner's token-by-token combine: a persistent grid whose CTAs may all wait
   TileSignalGpuSchedule schedule;  // tile_signal's split and GEMM1 order, as the strategy chose them
+  CometGpuSchedule comet;          // comet's column split and GEMM0's SMs, as the strategy chose them
   std::string split_note;          // how the split was chosen, for description()
   EpMoeLayerHarness harness;       // tests' fault injection, the exchange benchmark's mode
   int unsignalled_flag = 0;        // harness.unsignalled_band_wait: the band flag the corrupted wait names
@@ -157,6 +175,10 @@ struct EpMoeLayer::Impl : LayerRouting {
     return plan_detail::gpu_tile_signal_shape(config, rank, tokens, schedule.band_block, schedule.bands_per_segment, volume,
                                               layout.receive_capacity);
   }
+  plan_detail::CometShape comet_plan_shape(std::int64_t tokens) const {
+    return plan_detail::gpu_comet_shape(config, rank, tokens, volume, comet.split_cols, layout.receive_capacity);
+  }
+  bool is_comet() const { return options.strategy == Strategy::Comet; }
   // record_trace: GEMM1's tile times and the consumer's unit times of the last forward
   DeviceArray<unsigned long long> tile_times, unit_times;
 
@@ -167,7 +189,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   // The end of a step on `stream`, bounded by its device waits in a row (dispatch counts, rows,
   // (tile_signal) tile flags, combine): a stalled step is a Timeout error, never a hang.
   void wait_for_step(cudaStream_t stream) const {
-    transport->synchronize(stream, "the end of the step", options.strategy == Strategy::TileSignal ? 4 : 3);
+    transport->synchronize(stream, "the end of the step", options.strategy == Strategy::Sequential ? 3 : 4);
   }
   // The set-up stream's copies and read-backs, bounded like any wait of the world.
   void wait_for_own(const char* what) const { transport->synchronize(own, what); }
@@ -176,6 +198,10 @@ struct EpMoeLayer::Impl : LayerRouting {
   // waits; `input` and `tokens`: the step's (a dispatch once per rank gathers from them)
   SegmentCopyArgs segment_args(SegmentDrain drain, int first, int count, const __nv_bfloat16* input, int tokens) const;
   int dispatch_segments() const { return plan_detail::dispatch_segment_count(world, local_experts, volume); }
+  // the plan's combine segments (after the dispatch's): sequential's W L, comet's W L per split
+  int combine_segments() const {
+    return is_comet() ? world * local_experts * plan_detail::comet_splits(comet_plan_shape(0)) : world * local_experts;
+  }
   std::uint32_t band_flag() const { return plan_detail::tile_signal_band_flag(world, volume); }
   // what the experts produced: their FFN's output, or with identity experts their input rows
   const std::byte* expert_out() const {
@@ -200,7 +226,8 @@ struct EpMoeLayer::Impl : LayerRouting {
 
 std::size_t EpMoeLayer::region_bytes(const MoeConfig& layer, int world, const EpMoeLayerOptions& options, bool remote_peers) {
   return ep_region_layout(world, layer.num_experts, layer.hidden, layer.tokens, layer.top_k, remote_peers, options.receive_rows,
-                          resolved_dispatch_volume(options, world, remote_peers), layer.router.scales_input)
+                          resolved_dispatch_volume(options, world, remote_peers), layer.router.scales_input,
+                          segment_flags_of(layer, world, options))
       .bytes;
 }
 
@@ -211,16 +238,17 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
     throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
   }
   const DispatchVolume volume = resolved_dispatch_volume(options, world, remote_peers);
-  const EpRegionLayout layout =
-      ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, options.receive_rows, volume, c.router.scales_input);
+  const EpRegionLayout layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, options.receive_rows, volume,
+                                                c.router.scales_input, segment_flags_of(c, world, options));
   const std::int64_t local_experts = c.num_experts / world;
   const auto H = static_cast<std::size_t>(c.hidden), E = static_cast<std::size_t>(c.num_experts),
              W = static_cast<std::size_t>(world), L = static_cast<std::size_t>(local_experts);
   const std::size_t slot_room = std::max<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(c.tokens * c.top_k, 0)), 1);
   const auto receive_room = static_cast<std::size_t>(std::max<std::int64_t>(layout.receive_capacity, 1));
   DeviceFootprint f = LayerRouting::device_bytes(c);
+  const Strategy strategy = world_strategy(options, world);
   const bool direct = world == 1 && !remote_peers && options.dispatch == DispatchPath::Device &&
-                     options.strategy != Strategy::TileSignal && !options.record_trace;  // (as init decides)
+                     strategy != Strategy::TileSignal && !options.record_trace;  // (as init decides)
   const bool once = volume == DispatchVolume::OncePerRank;
   if (!remote_peers && !direct && !once) f.add(slot_room * H, sizeof(__nv_bfloat16));  // send_rows
   if (c.router.scales_input) f.add(slot_room, sizeof(float));  // ones
@@ -236,7 +264,7 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
     f.add(std::max(receive_room, slot_room) * H, sizeof(__nv_bfloat16));  // staging
   }
   if (!remote_peers) f.add(receive_room * H, sizeof(__nv_bfloat16));  // y
-  const bool may_overlap = options.strategy == Strategy::TileSignal || options.strategy == Strategy::Auto;
+  const bool may_overlap = strategy == Strategy::TileSignal || strategy == Strategy::Auto;
   f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
   // the planned GEMMs and the device exchange walk the step's device-built plan (tile_signal's
   // room holds the sequential one)
@@ -249,8 +277,15 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
         plan_detail::tile_signal_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
     for (std::size_t t = 0; t < plan_room.entries.size(); ++t) plan_room.entries[t] = std::max(plan_room.entries[t], overlap_room.entries[t]);
   }
+  int extra_prefix = 0;
+  if (strategy == Strategy::Comet) {  // comet's room alone: it runs no other strategy
+    const std::int64_t split = comet_gpu_split_cols(c.hidden, options.comet);
+    const plan_detail::CometShape comet_shape = plan_detail::gpu_comet_shape(c, 0, c.tokens, volume, split);
+    plan_room = plan_detail::comet_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, comet_shape);
+    extra_prefix = comet_device_prefix(world, static_cast<int>(local_experts), plan_detail::comet_splits(comet_shape));
+  }
   const bool walks_plan = options.gemm == GemmPath::Planned || (options.dispatch == DispatchPath::Device && !direct);
-  if (walks_plan) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts)));
+  if (walks_plan) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts), extra_prefix));
   const auto band_room = static_cast<std::size_t>(
       plan_detail::tile_signal_max_bands(layout.receive_capacity, static_cast<int>(local_experts), plan_shape.tile_m) + 1);
   if (may_overlap) f.add(band_room, sizeof(unsigned));  // band_flags
@@ -264,9 +299,6 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
 
 void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o, EpMoeLayerHarness h) {
   validate_cuda_layer(c);
-  if (o.strategy == Strategy::Comet) {
-    throw_bad_input("comet runs on the CPU engine only for now: use sequential, tile_signal or auto on the GPU");
-  }
   if (c.router.scales_input && o.dispatch == DispatchPath::Host) {
     throw_bad_input("the experts' input scaled by the routing weight (Llama-4's) runs on the device dispatch path only: use --dispatch device");
   }
@@ -277,6 +309,20 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   world = t.world_size();
   rank = t.rank();
   device = t.device();
+  if (o.strategy == Strategy::Comet && world == 1) split_note = "comet: a world of one has no communication";
+  o.strategy = world_strategy(o, world);
+  options.strategy = o.strategy;
+  if (o.strategy == Strategy::Comet) {
+    if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
+      throw_bad_input("comet on the GPU needs the device dispatch path and the planned GEMM (its tiles wait for their rows)");
+    }
+    if (t.device_view().gin_comm != nullptr) throw_bad_input("comet does not reach GIN peers (other nodes) yet: use the sequential strategy");
+    if (c.router.scales_input) {
+      throw_bad_input("the experts' input scaled by the routing weight (Llama-4's) runs with sequential or tile_signal: comet's GEMM0 "
+                      "starts before every row is in");
+    }
+    if (h.identity_experts) throw_bad_input("identity experts run the sequential strategy only");
+  }
   if (c.num_experts % world != 0) {
     throw_bad_input(std::to_string(c.num_experts) + " experts do not divide evenly over " + std::to_string(world) + " ranks");
   }
@@ -285,7 +331,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   if (remote_peers && h.identity_experts) throw_bad_input("identity experts (an exchange benchmark) need a load/store world");
   volume = resolved_dispatch_volume(o, world, remote_peers);
   layout = ep_region_layout(world, c.num_experts, c.hidden, c.tokens, c.top_k, remote_peers, o.receive_rows, volume,
-                            c.router.scales_input);
+                            c.router.scales_input, segment_flags_of(c, world, o));
   if (t.region_bytes() < layout.bytes) {
     throw_bad_input("the world's symmetric regions hold " + std::to_string(t.region_bytes()) + " bytes; this layer needs " +
                     std::to_string(layout.bytes) + " (EpMoeLayer::region_bytes" + (remote_peers ? ", with remote peers)" : ")"));
@@ -305,7 +351,10 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   exchange_shape.sm_count = t.sm_count();
   exchange_shape.sharing = sharing;
   exchange_shape.resident_ctas_per_sm = segment_copy_ctas_per_sm();
-  ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, o.exchange_ctas_per_peer);
+  const int requested_ctas = o.strategy == Strategy::Comet && o.exchange_ctas_per_peer == 0
+                                 ? comet_exchange_ctas_per_peer(t.sm_count(), sharing, exchange_shape.resident_ctas_per_sm, world)
+                                 : o.exchange_ctas_per_peer;
+  ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, requested_ctas);
 
   own = t.stream(RankStream::Setup);
   const std::int64_t E = c.num_experts, H = c.hidden;
@@ -314,7 +363,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   allocate(c);
   // a world of one runs sequential (auto too: nothing to overlap) and needs no send buffer
   direct = world == 1 && !remote_peers && o.dispatch == DispatchPath::Device && o.strategy != Strategy::TileSignal &&
-           !h.silent && !h.identity_experts && !o.record_trace;
+           !h.silent && !h.silent_rows && !h.identity_experts && !o.record_trace;
   if (!remote_peers && !direct && !once_per_rank()) send_rows = DeviceArray<__nv_bfloat16>(slot_room * static_cast<std::size_t>(H));
   if (c.router.scales_input) {
     const std::vector<float> one(slot_room, 1.0f);
@@ -342,7 +391,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   if (h.unrunnable_dispatch_segment && !exchange_walks_plan) {
     throw_bad_input("unrunnable_dispatch_segment corrupts the plan of the device exchange, which this layer does not run");
   }
-  unrunnable_flag = ep_segment_flag_room(world);
+  unrunnable_flag = layout.segment_flag_count;
   auto build_sequential_plan = [&] {
     device_plan = std::make_unique<DevicePlanTables>(
         plan_detail::sequential_capacity(world, local_experts, layout.receive_capacity, c.tokens, device_plan_shape(c.tokens)),
@@ -386,9 +435,28 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     split_note = split.note;
     split_chosen_here = split.chosen_by_model;
   }
+  if (options.strategy == Strategy::Comet) {
+    CometGpuShape comet_shape;
+    comet_shape.hidden = c.hidden;
+    comet_shape.sm_count = t.sm_count();
+    comet_shape.sharing = sharing;
+    comet_shape.dispatch_ctas = world * ctas_per_peer;
+    comet_shape.dispatch_ctas_per_sm = exchange_shape.resident_ctas_per_sm;
+    comet = comet_gpu_schedule(comet_shape, o.comet);
+    split_note = comet.note;
+  }
   agree_on_settings(split_chosen_here);
   ffn_walks_plan = o.gemm == GemmPath::Planned;  // on whichever strategy the layer runs
-  if (options.strategy == Strategy::TileSignal) {
+  if (options.strategy == Strategy::Comet) {
+    ffn_options.gemm0_sm_limit = comet.gemm0_sm_limit;
+    const plan_detail::CometShape plan_shape = comet_plan_shape(c.tokens);
+    device_plan = std::make_unique<DevicePlanTables>(
+        plan_detail::comet_capacity(world, local_experts, layout.receive_capacity, c.tokens, plan_shape), world, static_cast<int>(E),
+        comet_device_prefix(world, local_experts, plan_detail::comet_splits(plan_shape)));
+    consumer = t.stream(RankStream::Consumer);  // the dispatch, beside GEMM0
+    TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+    TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  } else if (options.strategy == Strategy::TileSignal) {
     if (o.dispatch != DispatchPath::Device || o.gemm != GemmPath::Planned) {
       throw_bad_input("tile_signal needs the device dispatch path and the planned GEMM");
     }
@@ -432,7 +500,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
 // 0's (processes calibrate their own GPUs and could pick differently at a boundary); the rest
 // must match, or every rank refuses with the same message.
 void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
-  enum : std::size_t { kCtasPerPeer, kConsumerCtas, kStrategy, kChosen, kCapacity, kTokens, kHidden, kTopK, kExperts, kVolume, kCount };
+  enum : std::size_t { kCtasPerPeer, kConsumerCtas, kStrategy, kChosen, kCapacity, kTokens, kHidden, kTopK, kExperts, kVolume, kSplit, kCount };
   int mine[kCount] = {};
   mine[kCtasPerPeer] = ctas_per_peer;
   mine[kConsumerCtas] = options.tile_signal.consumer_ctas;
@@ -444,6 +512,7 @@ void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
   mine[kTopK] = static_cast<int>(config.top_k);
   mine[kExperts] = static_cast<int>(config.num_experts);
   mine[kVolume] = static_cast<int>(volume);
+  mine[kSplit] = static_cast<int>(comet.split_cols);
   std::vector<int> all(kCount * static_cast<std::size_t>(world));
   {  // freed before any peer waits on this rank's kernels: cudaFree waits for the whole device
     DeviceArray<int> sent(kCount), gathered(all.size());
@@ -465,7 +534,7 @@ void EpMoeLayer::Impl::agree_on_settings(bool split_chosen_here) {
     mine[kConsumerCtas] = of(0, kConsumerCtas);
   }
   static const char* const names[kCount] = {"exchange CTAs per peer", "consumer CTAs", "strategy", "", "receive rows",
-                                            "tokens", "hidden", "top-k", "experts", "dispatch volume"};
+                                            "tokens", "hidden", "top-k", "experts", "dispatch volume", "comet split columns"};
   for (int q = 0; q < world; ++q) {
     for (std::size_t f = 0; f < kCount; ++f) {
       if (f == kChosen) continue;
@@ -576,7 +645,7 @@ SegmentCopyArgs EpMoeLayer::Impl::segment_args(SegmentDrain drain, int first, in
   a.hidden = static_cast<int>(config.hidden);
   a.ctas_per_peer = ctas_per_peer;
   a.drain = drain;
-  a.silent = harness.silent;
+  a.silent = harness.silent || harness.silent_rows;
   return a;
 }
 
@@ -749,7 +818,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       const int* counts = m.exchange_walks_plan ? reinterpret_cast<const int*>(m.region(m.layout.counts_inbox)) : nullptr;
       const int* offsets = m.direct ? m.row_offset.data() : m.gathered.data();
       const int* rank_tokens = m.once_per_rank() ? reinterpret_cast<const int*>(m.region(m.layout.rank_tokens_inbox)) : nullptr;
-      if (overlap) {
+      if (m.is_comet()) {
+        launch_compile_comet(stream, counts, rank_tokens, m.comet_plan_shape(T), *m.device_plan);
+      } else if (overlap) {
         launch_compile_tile_signal(stream, counts, rank_tokens, m.tile_signal_plan_shape(T), *m.device_plan);
         if (m.harness.unsignalled_band_wait) {  // the first band wait names the flag no tile raises
           // after the dispatch's waits and GEMM0's (tile_signal_plan.hpp), which a rank with rows
@@ -767,7 +838,8 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         placements.layout = m.layout;
         placements.counts = plan_detail::StepCounts{m.world, static_cast<int>(c.num_experts), m.local_experts, m.device_plan->offset(),
                                                     m.device_plan->rank_row(), rank_tokens};
-        placements.order = plan_detail::DispatchOrder::Ascending;  // sequential's and tile_signal's ExpertIn
+        // the plan's ExpertIn: comet's sources in ring order, sequential's and tile_signal's ascending
+        placements.order = m.is_comet() ? plan_detail::DispatchOrder::Ring : plan_detail::DispatchOrder::Ascending;
         placements.expert = m.expert.data();
         placements.slot_of_row = m.slot_of_row.data();
         placements.list_position = m.list_position.data();
@@ -786,14 +858,29 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
           plan_detail::StepCounts{m.world, static_cast<int>(c.num_experts), m.local_experts, m.device_plan->offset(), m.device_plan->rank_row()},
           T);
       if (scales_input) launch_write_input_scales(stream, view, scales);  // with the rows' release, below
-      launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments, input, T));
+      if (m.is_comet()) {  // beside GEMM0, whose tiles wait for their rows: forked off here, joined before the combine send
+        TILEMOE_CUDA_CHECK(cudaEventRecord(m.fork, stream));
+        TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
+        launch_segment_copy(m.consumer, view, m.segment_args(SegmentDrain::None, 0, dispatch_segments, input, T));
+        TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
+      } else {
+        launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments, input, T));
+      }
       if (scales_input) launch_scale_expert_rows(stream, view, scales);   // every row is in
     }
     if (m.ffn) {
       const auto* rows = reinterpret_cast<const __nv_bfloat16*>(m.region(m.layout.dispatch_rows));
       const std::int64_t bound = m.layout.receive_capacity;
       mark(kEpGemm0);
-      m.ffn->run_gemm0(stream, m.local_row_offset.data(), rows, bound);
+      PlannedTileWaits tile_waits;  // comet's GEMM0 tiles wait for their sources' rows in the GEMM
+      if (m.is_comet()) {
+        tile_waits.transport = view;
+        tile_waits.counters = m.layout.segment_flags;
+        tile_waits.counter_flags = static_cast<std::uint32_t>(m.layout.segment_flag_count);
+        tile_waits.epoch = m.epoch.data();
+        tile_waits.signals_per_count = static_cast<std::uint32_t>(m.ctas_per_peer);
+      }
+      m.ffn->run_gemm0(stream, m.local_row_offset.data(), rows, bound, tile_waits);
       mark(kEpActivation);
       m.ffn->run_activation(stream, bound);
       mark(kEpGemm1);
@@ -841,8 +928,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       if (m.direct) {
         // the FFN's output rows are the returned rows
-      } else if (m.exchange_walks_plan) {  // sequential's combine segments follow its dispatch's
-        launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, m.world * m.local_experts, input, T));
+      } else if (m.exchange_walks_plan) {  // sequential's and comet's combine segments follow their dispatch's
+        if (m.is_comet()) TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));  // the dispatch grid has ended
+        launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, m.combine_segments(), input, T));
       } else {
         m.host_combine_send(stream);
       }
@@ -886,10 +974,11 @@ StepPlan EpMoeLayer::Impl::download_plan(cudaStream_t stream) const {
   use_device(device);
   wait_for_step(stream);
   const bool overlap = options.strategy == Strategy::TileSignal;
-  const plan_detail::SequentialShape shape =
-      overlap ? tile_signal_plan_shape(device_plan_tokens).gemm : device_plan_shape(device_plan_tokens);
+  const plan_detail::SequentialShape shape = is_comet() ? comet_plan_shape(device_plan_tokens).gemm
+                                             : overlap  ? tile_signal_plan_shape(device_plan_tokens).gemm
+                                                        : device_plan_shape(device_plan_tokens);
   StepPlan plan;
-  plan.strategy = overlap ? Strategy::TileSignal : Strategy::Sequential;
+  plan.strategy = is_comet() ? Strategy::Comet : overlap ? Strategy::TileSignal : Strategy::Sequential;
   plan.rank = rank;
   plan.world_size = world;
   plan.tokens = shape.tokens;

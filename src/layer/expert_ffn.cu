@@ -81,7 +81,7 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   m.path = path;
   m.device = device;
   m.options = options;
-  if (path == GemmPath::Stock && options.gemm1_sm_limit > 0) {
+  if (path == GemmPath::Stock && (options.gemm0_sm_limit > 0 || options.gemm1_sm_limit > 0)) {
     throw_bad_input("the overlap strategies need the planned GEMM (its tile table and flags)");
   }
   if (path == GemmPath::Planned && options.plan == nullptr) throw_internal("the planned GEMMs walk a plan, and none was given");
@@ -110,7 +110,7 @@ ExpertFfn::ExpertFfn(const MoeConfig& layer, std::int64_t first_expert, std::int
   // ms).
   const PlannedCluster cluster = PlannedCluster::N2;
   m.planned0 = std::make_unique<PlannedGemm>(cluster, m.gelu ? PlannedEpilogue::GELU : PlannedEpilogue::SwiGLU,
-                                             static_cast<int>(experts), device);
+                                             static_cast<int>(experts), device, options.gemm0_sm_limit);
   m.planned1 = std::make_unique<PlannedGemm>(cluster, PlannedEpilogue::Store, static_cast<int>(experts), device,
                                              options.gemm1_sm_limit);
 }
@@ -209,14 +209,18 @@ int ExpertFfn::Impl::checked_rows(std::int64_t rows_bound) const {
   return static_cast<int>(rows_bound);
 }
 
-void ExpertFfn::run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound) {
+void ExpertFfn::run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
+                          const PlannedTileWaits& tile_waits) {
   Impl& m = *impl_;
   const int E = static_cast<int>(m.experts), H = static_cast<int>(m.layer.hidden);
   const int a_rows = m.checked_rows(rows_bound);
   if (m.path == GemmPath::Planned) {
     // the activation is fused: GEMM0 writes act directly
-    m.planned0->run(stream, m.planned_run(0, rows, a_rows, w0_.data(), m.act.data(), static_cast<int>(m.gemm0_n), H));
+    PlannedGemmRun r = m.planned_run(0, rows, a_rows, w0_.data(), m.act.data(), static_cast<int>(m.gemm0_n), H);
+    r.tile_waits = tile_waits;
+    m.planned0->run(stream, r);
   } else {
+    if (tile_waits.counter_flags > 0) throw_internal("the stock GEMM has no tile waits");
     m.gemm0->run(stream, E, row_offset, rows, w0_.data(), m.h.data(), static_cast<int>(m.gemm0_n), H);
   }
 }

@@ -21,6 +21,7 @@ namespace tilemoe::cuda {
 
 // The FFN's schedule as the strategy chose it (planned path only).
 struct ExpertFfnOptions {
+  int gemm0_sm_limit = 0;  // > 0: GEMM0 leaves the other SMs to a concurrent dispatch (comet)
   int gemm1_sm_limit = 0;  // > 0: GEMM1 leaves the other SMs to a concurrent consumer
   // device: the plan whose tiles the planned GEMMs walk (GEMM0 its layer-0 range, GEMM1 its
   // layer-1 range), compiled for their tiling (gpu_sequential_shape) before each run; the
@@ -52,8 +53,10 @@ class ExpertFfn {
   // the receive capacity with expert parallelism), in three stages enqueued in this order (on
   // the planned path after the plan's compile); a caller records its stage events, or starts
   // concurrent work, between them.
-  // GEMM0, with the activation fused on the planned path:
-  void run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound);
+  // GEMM0, with the activation fused on the planned path; `tile_waits` (planned path): the
+  // plan's waits its tiles wait for in the GEMM, while a concurrent dispatch lands their rows.
+  void run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
+                 const PlannedTileWaits& tile_waits = {});
   // The activation: a kernel of its own on the stock path, nothing on the planned path.
   void run_activation(cudaStream_t stream, std::int64_t rows_bound);
   // GEMM1 into y. The flags its plan's tiles raise (plan flags [gemm1_flag_offset, ...)) land

@@ -8,7 +8,7 @@
 
 namespace tilemoe::cuda {
 
-DeviceFootprint DevicePlanTables::device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts) {
+DeviceFootprint DevicePlanTables::device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts, int extra_prefix) {
   using namespace plan_detail;
   const auto& n = capacity.entries;
   DeviceFootprint f;
@@ -22,12 +22,12 @@ DeviceFootprint DevicePlanTables::device_bytes(const plan_detail::PlanCapacity& 
   f.add(1, sizeof(PlanTables));
   f.add(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts + 1), sizeof(int));           // offset
   f.add(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts / world + 1), sizeof(int));  // rank_row
-  f.add(static_cast<std::size_t>(prefix_room(world, experts)), sizeof(int));                                 // prefix
+  f.add(static_cast<std::size_t>(prefix_room(world, experts, extra_prefix)), sizeof(int));                   // prefix
   return f;
 }
 
-DevicePlanTables::DevicePlanTables(const plan_detail::PlanCapacity& capacity, int world, int experts)
-    : capacity_(capacity), world_(world), experts_(experts) {
+DevicePlanTables::DevicePlanTables(const plan_detail::PlanCapacity& capacity, int world, int experts, int extra_prefix)
+    : capacity_(capacity), world_(world), experts_(experts), extra_prefix_(extra_prefix) {
   using namespace plan_detail;
   const auto& n = capacity.entries;
   experts_table_ = DeviceArray<LocalExpert>(n[kExpertsTable]);
@@ -39,7 +39,7 @@ DevicePlanTables::DevicePlanTables(const plan_detail::PlanCapacity& capacity, in
   comm_queue_ = DeviceArray<TaskRef>(n[kCommQueueTable]);
   offset_ = DeviceArray<int>(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts + 1));
   rank_row_ = DeviceArray<int>(static_cast<std::size_t>(world) * static_cast<std::size_t>(experts / world + 1));
-  prefix_ = DeviceArray<int>(static_cast<std::size_t>(prefix_room(world, experts)));
+  prefix_ = DeviceArray<int>(static_cast<std::size_t>(prefix_room(world, experts, extra_prefix)));
   PlanTables tables;
   tables.experts = {experts_table_.data(), n[kExpertsTable], 0};
   tables.waits = {waits_.data(), n[kWaitsTable], 0};

@@ -15,10 +15,11 @@ namespace tilemoe::cuda {
 
 class DevicePlanTables {
  public:
-  // Room for plans of a world of `world` ranks and `experts` global experts.
-  DevicePlanTables(const plan_detail::PlanCapacity& capacity, int world, int experts);
+  // Room for plans of a world of `world` ranks and `experts` global experts; `extra_prefix`: the
+  // entries a strategy's prefix sums take past the sequential ones (see prefix_room).
+  DevicePlanTables(const plan_detail::PlanCapacity& capacity, int world, int experts, int extra_prefix = 0);
   // The device memory the tables take (DeviceFootprint: pages, an upper bound).
-  static DeviceFootprint device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts);
+  static DeviceFootprint device_bytes(const plan_detail::PlanCapacity& capacity, int world, int experts, int extra_prefix = 0);
 
   PlanTables* view() const { return view_.data(); }   // [1] the tables, as the compiler writes them
   // The tables' pointers and room with no entries (what a compiler kernel takes by value, so
@@ -31,8 +32,13 @@ class DevicePlanTables {
   int* rank_row() const { return rank_row_.data(); }  // [world][experts / world + 1] ditto
   int* prefix() const { return prefix_.data(); }      // [prefix_room]: the strategy's prefix sums over the local experts
   // Room for three rows of prefix sums over the local experts (sequential: one per GEMM;
-  // tile_signal: a third, of its remote bands).
-  static int prefix_room(int world, int experts) { return 3 * (experts / world + 2); }
+  // tile_signal: a third, of its remote bands), or the sequential two and `extra_prefix` more
+  // where that is larger (comet's).
+  static int prefix_room(int world, int experts, int extra_prefix = 0) {
+    const int L = experts / world;
+    return 3 * (L + 2) > 2 * (L + 2) + extra_prefix ? 3 * (L + 2) : 2 * (L + 2) + extra_prefix;
+  }
+  int prefix_size() const { return prefix_room(world_, experts_, extra_prefix_); }
   const plan_detail::PlanCapacity& capacity() const { return capacity_; }
   int world() const { return world_; }
   int experts() const { return experts_; }
@@ -44,7 +50,7 @@ class DevicePlanTables {
 
  private:
   plan_detail::PlanCapacity capacity_;
-  int world_ = 0, experts_ = 0;
+  int world_ = 0, experts_ = 0, extra_prefix_ = 0;
   DeviceArray<LocalExpert> experts_table_;
   DeviceArray<FlagWait> waits_;
   DeviceArray<GemmTile> tiles_;

@@ -21,5 +21,9 @@ std::vector<StepPlan> compile_tile_signal_at(const EpWorld& world, const std::ve
                                              const TileSignalShape& tiling);
 std::vector<StepPlan> compile_comet(const EpWorld& world, const std::vector<Routing>& routing,
                                     const PlanOptions& options);
+// The same at another tiling (the GPU's: its tile shape, 1x2 pairs and split), as compile_sequential_at.
+struct CometShape;
+std::vector<StepPlan> compile_comet_at(const EpWorld& world, const std::vector<Routing>& routing, const PlanOptions& options,
+                                       const CometShape& tiling);
 
 }  // namespace tilemoe::plan_detail

@@ -25,6 +25,8 @@
 #include "tilemoe/cpu_executor.hpp"
 #include "layer/ep_layer_inspector.hpp"
 #include "plan/plan_tables.hpp"
+#include "strategies/comet/gpu_plan_shape.hpp"
+#include "strategies/comet/gpu_setup.hpp"
 #include "strategies/sequential/gpu_plan_shape.hpp"
 #include "strategies/strategies.hpp"
 #include "strategies/tile_signal/gpu_plan_shape.hpp"
@@ -147,13 +149,13 @@ void check_against_oracle(const cases::MoeCase& c, const EpWorld& world, const S
 void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
                         const std::vector<Routing>& routing, std::vector<StepPlan> device_plans,
                         const std::vector<StepPlan>& host_plans, const std::vector<Matrix>& device_out, const char* path,
-                        DispatchVolume volume) {
+                        DispatchVolume volume, plan_detail::DispatchOrder order = plan_detail::DispatchOrder::Ascending) {
   const plan_detail::HostStepCounts counts = plan_detail::routing_counts(routing, static_cast<int>(c.experts));
   std::string difference;
   for (std::size_t r = 0; r < device_plans.size() && difference.empty(); ++r) {
     difference = plan_detail::first_table_difference(device_plans[r], host_plans[r]);
     if (!difference.empty()) difference = "rank " + std::to_string(r) + ": " + difference + " (device / host)";
-    plan_detail::add_token_tables(device_plans[r], routing, counts, volume, plan_detail::DispatchOrder::Ascending, false);
+    plan_detail::add_token_tables(device_plans[r], routing, counts, volume, order, false);
   }
   if (!difference.empty()) std::printf("  %s\n", difference.c_str());
   expect(difference.empty(), std::string("every rank's device-built plan (") + path +
@@ -176,6 +178,62 @@ void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const Syn
   expect(e.within_tolerance(), std::string("the CPU executor running the device-built plans (") + path + "): " + e.describe());
 }
 
+// comet in a world of its own: the dispatch beside GEMM0, whose tiles wait for their sources,
+// GEMM1 in column splits; two steps and a graph replay with the default dispatch volume, one step
+// with a row per expert, all the sequential output bitwise; the device-built plans equal the
+// host compiler's at the GPU's tiling and run on the CPU executor.
+void comet_case(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
+                const MoeConfig& config, cuda::VirtualWorld& vw, const std::vector<Matrix>& sequential_out, DispatchVolume volume) {
+  const int before = failures();
+  const auto n = static_cast<std::size_t>(c.ranks);
+  std::vector<Matrix> out(n), second(n), replayed(n), rows_out(n);
+  std::vector<StepPlan> plans(n);
+  std::vector<Routing> routing(n);
+  std::string description;
+  cuda::EpMoeLayerOptions options;
+  options.strategy = Strategy::Comet;
+  options.comet.split_cols = c.hidden > 2 * cuda::kPlannedTileN ? cuda::kPlannedTileN : 0;  // odd splits of one tile, or the default
+  on_every_rank(vw, [&](int r) {
+    const auto ri = static_cast<std::size_t>(r);
+    const std::int64_t T = world.tokens_per_rank[ri];
+    cuda::RankTransport& transport = vw.rank(r);
+    transport.bind_thread();
+    RankBuffers b(step.inputs[ri], step.logits[ri], T, c.hidden, transport.stream(cuda::RankStream::Main));
+    {
+      cuda::EpMoeLayer layer(config, weights, transport, options);
+      if (r == 0) description = layer.description();
+      eager_and_replayed(layer, transport, b, T, c.hidden, 2, {&out[ri], &second[ri]}, replayed[ri]);
+      routing[ri] = layer.last_routing(b.stream, T);
+      plans[ri] = cuda::EpMoeLayerInspector::last_device_plan(layer, b.stream);
+    }
+    transport.host_barrier();
+    cuda::EpMoeLayerOptions rows = options;
+    rows.dispatch_volume = DispatchVolume::RowPerExpert;
+    {
+      cuda::EpMoeLayer layer(config, weights, transport, rows);
+      b.poison();
+      layer.forward(b.stream, b.input, b.logits, b.output, T);
+      layer.check(b.stream);
+      rows_out[ri] = b.read(T, c.hidden);
+    }
+    transport.host_barrier();
+  });
+  if (failures() > before) return;
+  std::printf("  %s\n", description.c_str());
+  bool same = true, same_rows = true;
+  for (std::size_t r = 0; r < n; ++r) {
+    same = same && sequential_out[r].bitwise_equal(out[r]) && sequential_out[r].bitwise_equal(second[r]) &&
+           sequential_out[r].bitwise_equal(replayed[r]);
+    same_rows = same_rows && sequential_out[r].bitwise_equal(rows_out[r]);
+  }
+  expect(same, "comet gives the sequential output bitwise (two steps and a graph replay)");
+  expect(same_rows, "comet with a row per expert gives the sequential output bitwise");
+  const std::int64_t split = cuda::comet_gpu_split_cols(c.hidden, options.comet);
+  const std::vector<StepPlan> host_plans =
+      plan_detail::compile_comet_at(world, routing, PlanOptions{}, plan_detail::gpu_comet_shape(world.layer, 0, 0, volume, split));
+  check_device_plans(c, world, step, weights, routing, std::move(plans), host_plans, out, "comet", volume, plan_detail::DispatchOrder::Ring);
+}
+
 void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   const int failures_before = failures();
   std::printf("%s: %d virtual ranks, up to %lld tokens each, hidden %lld, ffn %lld, E %lld, top-%lld, %s routing\n",
@@ -189,7 +247,11 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   cuda::VirtualWorldOptions world_options;
   world_options.timeout = world_timeout;
   world_options.sms_per_rank = c.sms_per_rank;
-  cuda::VirtualWorld vw(c.ranks, cuda::EpMoeLayer::region_bytes(config, c.ranks), 0, world_options);
+  cuda::EpMoeLayerOptions comet_options;  // the largest region of the strategies the case runs
+  comet_options.strategy = Strategy::Comet;
+  comet_options.comet.split_cols = c.hidden > 2 * cuda::kPlannedTileN ? cuda::kPlannedTileN : 0;
+  const std::size_t region = std::max(cuda::EpMoeLayer::region_bytes(config, c.ranks), cuda::EpMoeLayer::region_bytes(config, c.ranks, comet_options));
+  cuda::VirtualWorld vw(c.ranks, region, 0, world_options);
   if (c.sms_per_rank > 0) std::printf("  SM partitions of %d SMs\n", vw.rank(0).sm_count());
   const auto n = static_cast<std::size_t>(c.ranks);
   std::vector<Matrix> device_out(n), second_out(n), graph_out(n), host_out(n), row_out(n), tile_out(n), tile_second_out(n),
@@ -259,6 +321,7 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
                      "sequential, host dispatch", DispatchVolume::RowPerExpert);
   check_device_plans(c, world, step, weights, routing, std::move(row_plans), row_plans_host, row_out,
                      "sequential, device dispatch, a row per expert", DispatchVolume::RowPerExpert);
+  if (c.ranks > 1) comet_case(c, world, step, weights, config, vw, device_out, volume);
 
   if (!with_tile_signal) return;
   // the tile-signal overlap in a world of its own (a failure here leaves the sequential
@@ -306,11 +369,16 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
 //  UnrunnableSegment:   a corrupted device plan (sequential): the rank's first dispatch segment
 //                       names a flag the exchange does not hold; an Internal error naming that
 //                       segment on every rank, well before the timeout.
-enum class Fault { Silent, UnsignalledBandWait, UnrunnableSegment };
+//  SilentRows:          comet, a row per expert: the rank sends its counts, then no rows; its
+//                       peers' GEMM0 tiles wait for its rows inside the GEMM: a Timeout naming it.
+enum class Fault { Silent, UnsignalledBandWait, UnrunnableSegment, SilentRows };
 
 void faulty_rank_is_named(int ranks, int faulty, Fault fault) {
   std::printf("%s rank %d of %d\n",
-              fault == Fault::Silent ? "silent" : fault == Fault::UnsignalledBandWait ? "unsignalled band wait on" : "unrunnable segment on",
+              fault == Fault::Silent                ? "silent"
+              : fault == Fault::UnsignalledBandWait ? "unsignalled band wait on"
+              : fault == Fault::SilentRows          ? "comet, rows silent on"
+                                                    : "unrunnable segment on",
               faulty, ranks);
   EpWorld world;
   world.layer = {.tokens = 0, .hidden = 256, .ffn_hidden = 256, .num_experts = 2 * ranks, .top_k = 2};
@@ -319,7 +387,11 @@ void faulty_rank_is_named(int ranks, int faulty, Fault fault) {
   MoeConfig config = world.layer;
   config.tokens = 64;
   const auto timeout = 1000ms;
-  cuda::VirtualWorld vw(ranks, cuda::EpMoeLayer::region_bytes(config, ranks), 0, {timeout});
+  cuda::EpMoeLayerOptions comet;
+  comet.strategy = Strategy::Comet;
+  comet.dispatch_volume = DispatchVolume::RowPerExpert;
+  cuda::VirtualWorld vw(ranks, cuda::EpMoeLayer::region_bytes(config, ranks, fault == Fault::SilentRows ? comet : cuda::EpMoeLayerOptions{}), 0,
+                        {timeout});
   std::vector<std::string> message(static_cast<std::size_t>(ranks));
   std::vector<int> kind(static_cast<std::size_t>(ranks), -1);
   std::vector<double> seconds(static_cast<std::size_t>(ranks), 0);
@@ -332,6 +404,9 @@ void faulty_rank_is_named(int ranks, int faulty, Fault fault) {
       harness.silent = r == faulty;
     } else if (fault == Fault::UnrunnableSegment) {
       harness.unrunnable_dispatch_segment = r == faulty;
+    } else if (fault == Fault::SilentRows) {
+      options = comet;
+      harness.silent_rows = r == faulty;
     } else {
       options.strategy = Strategy::TileSignal;
       options.tile_signal.consumer_ctas = 2;
@@ -611,13 +686,17 @@ void layer_variant_on_every_rank(const char* what, const EpWorld& world, const E
   MoeConfig config = world.layer;
   config.tokens = *std::max_element(world.tokens_per_rank.begin(), world.tokens_per_rank.end());
   const SyntheticStep step = synthetic_step(world, RoutingPattern::Skewed, seed);
-  cuda::VirtualWorld vw(4, cuda::EpMoeLayer::region_bytes(config, 4), 0, {world_timeout});
+  cuda::EpMoeLayerOptions comet;
+  comet.strategy = Strategy::Comet;
+  cuda::VirtualWorld vw(4, std::max(cuda::EpMoeLayer::region_bytes(config, 4), cuda::EpMoeLayer::region_bytes(config, 4, comet)), 0,
+                        {world_timeout});
   struct Variant {
     Strategy strategy;
     DispatchVolume volume;
   };
   std::vector<Variant> variants = {{Strategy::Sequential, DispatchVolume::OncePerRank}, {Strategy::Sequential, DispatchVolume::RowPerExpert}};
   if (with_tile_signal) variants.push_back({Strategy::TileSignal, DispatchVolume::OncePerRank});
+  if (!world.layer.router.scales_input) variants.push_back({Strategy::Comet, DispatchVolume::OncePerRank});  // (comet refuses it)
   std::vector<std::vector<Matrix>> out(variants.size(), std::vector<Matrix>(4));
   std::vector<Routing> routing(4);
   on_every_rank(vw, [&](int r) {
@@ -658,7 +737,7 @@ void layer_variant_on_every_rank(const char* what, const EpWorld& world, const E
   for (std::size_t v = 1; v < variants.size(); ++v) {
     for (std::size_t r = 0; r < 4; ++r) same = same && out[0][r].bitwise_equal(out[v][r]);
   }
-  expect(same, std::string(what) + ": a row per expert and tile_signal give the sequential output bitwise");
+  expect(same, std::string(what) + ": a row per expert, tile_signal and comet give the sequential output bitwise");
 }
 
 // The GShard capacity rule (routing.hpp), a gated shared expert, Llama-4's input scaling and
@@ -736,6 +815,7 @@ int main(int argc, char** argv) {
       faulty_rank_is_named(4, 2, Fault::Silent);
       if (!small) faulty_rank_is_named(8, 7, Fault::Silent);
       if (with_tile_signal) faulty_rank_is_named(4, 1, Fault::UnsignalledBandWait);
+      faulty_rank_is_named(4, 2, Fault::SilentRows);
       faulty_rank_is_named(4, 3, Fault::UnrunnableSegment);
       capacity_is_enforced();
       if (!small) device_memory_estimates_hold();

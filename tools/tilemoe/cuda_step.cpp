@@ -150,10 +150,8 @@ cuda::EpMoeLayerOptions ep_layer_options(const CudaStepOptions& options) {
   ep_options.record_trace = options.trace;
   ep_options.strategy = parse_strategy(options.strategy);
   ep_options.tile_signal = options.tile_signal;
+  ep_options.comet = options.comet;
   ep_options.dispatch_volume = options.dispatch_volume;
-  if (ep_options.strategy == Strategy::Comet) {
-    throw_bad_input("--backend cuda runs the strategies sequential, tile_signal and auto; comet runs on the CPU engine only");
-  }
   return ep_options;
 }
 

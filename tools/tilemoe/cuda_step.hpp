@@ -14,8 +14,9 @@ struct CudaStepOptions {
   // rank of a world started by a launcher: tilemoe launch, mpirun, srun)
   std::string transport = "virtual";
   std::string dispatch = "device";  // multi-rank: device (device-API kernels) or host (host-API all-to-all)
-  std::string strategy = "sequential";  // multi-rank: sequential, tile_signal or auto
+  std::string strategy = "sequential";  // multi-rank: sequential, tile_signal, comet or auto
   TileSignalOptions tile_signal;        // the knobs of tile_signal (--mgb), as on the CPU engine
+  CometOptions comet;                   // the knobs of comet (--comet-split)
   double link_gbps = 0.0;           // virtual ranks: emulated outgoing link per rank, GB/s (0 = unpaced)
   int sms_per_rank = 0;             // virtual ranks: an SM partition of this many SMs each (0 = share the GPU)
   std::int64_t timeout_ms = 30000;  // bound of every device and host wait

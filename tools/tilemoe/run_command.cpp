@@ -107,6 +107,7 @@ CudaStepOptions cuda_step_options(const RunOptions& options) {
   cuda_options.strategy = options.strategy == "all" ? "sequential" : options.strategy;
   cuda_options.dispatch = options.dispatch;
   cuda_options.tile_signal = options.step.plan.tile_signal;
+  cuda_options.comet = options.step.plan.comet;
   cuda_options.link_gbps = options.link_gbps;
   cuda_options.sms_per_rank = options.sms_per_rank;
   cuda_options.trace = !options.trace_path.empty();
@@ -415,7 +416,7 @@ void add_run_command(CLI::App& app, int& exit_code) {
   command->add_option("--link-gbps", options->link_gbps, "cuda, virtual ranks: emulated outgoing link of each rank, GB/s (0 = unpaced)")
       ->capture_default_str();
   command->add_option("--strategy", options->strategy,
-                      "all, sequential, tile_signal or comet (CPU); sequential (= all), tile_signal or auto (cuda)")
+                      "all, sequential, tile_signal or comet (CPU); sequential (= all), tile_signal, comet or auto (cuda)")
       ->capture_default_str();
   command->add_option("--output", options->output_path, "write the output [T, hidden] as safetensors ('output')");
   command->add_option("--trace", options->trace_path, "write a Chrome/Perfetto trace-event JSON of every strategy's step");

@@ -53,10 +53,12 @@ struct EpMoeLayerOptions {
   // together with the exchange kernels of the other ranks sharing it (they wait for each
   // other, so all of them must be resident at once). Values that do not fit are bad input.
   int exchange_ctas_per_peer = 0;
-  // Sequential, TileSignal or Auto (include/tilemoe/strategy.hpp); Comet runs on the CPU engine
-  // only for now (bad input here).
+  // Sequential, TileSignal, Comet or Auto (include/tilemoe/strategy.hpp; auto chooses between
+  // sequential and tile_signal). Comet on the GPU overlaps the dispatch with GEMM0 (each GEMM0
+  // tile waits for the sources of its rows) and runs GEMM1 in column splits.
   Strategy strategy = Strategy::Sequential;
   TileSignalOptions tile_signal;  // its knobs; 0 = the strategy's choice
+  CometOptions comet;
   // Rows a rank can receive per step; 0 = the dropless worst case (every source's tokens x
   // min(top_k, local experts) rows, 3.8 GB per rank at DeepSeek-V3's shape with 8 x 4096
   // tokens). A smaller capacity (DeepEP's max tokens per rank) saves memory; a step whose
@@ -81,6 +83,9 @@ struct EpMoeLayerHarness {
   // This rank's exchange kernels send nothing (no counts, no rows), as a stalled or dead peer
   // would; the other ranks must fail with a timeout naming it.
   bool silent = false;
+  // This rank sends its counts, then no rows through its plan's segments: its peers compile their plans and start their
+  // GEMMs, whose waits for its rows (comet's GEMM0 tiles) must end in a timeout naming it.
+  bool silent_rows = false;
   // The experts return their input rows unchanged and no expert weights are allocated: the
   // exchange alone (DeepEP's dispatch/combine benchmark). Not a MoE layer.
   bool identity_experts = false;

@@ -135,7 +135,7 @@ void check_args(const DeviceTransport& t, const EpExchangeArgs& a) {
 
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
                                 std::int64_t top_k, bool remote_sources, std::int64_t receive_rows, DispatchVolume volume,
-                                bool input_scales) {
+                                bool input_scales, int segment_flags) {
   if (world < 1 || world > kMaxRanks) {
     throw_bad_input("a load/store world has 1 to " + std::to_string(kMaxRanks) + " ranks, not " + std::to_string(world));
   }
@@ -152,7 +152,11 @@ EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hi
     at = align_up(at + static_cast<std::size_t>(world * world) * 4, 128);
   }
   l.segment_flags = at;
-  at = align_up(at + static_cast<std::size_t>(ep_segment_flag_room(world)) * 8, 128);
+  l.segment_flag_count = std::max(ep_segment_flag_room(world), segment_flags);
+  if (remote_sources && l.segment_flag_count > ep_segment_flag_room(world)) {
+    throw_bad_input("a strategy with more than " + std::to_string(ep_segment_flag_room(world)) + " segment flags does not reach GIN peers");
+  }
+  at = align_up(at + static_cast<std::size_t>(l.segment_flag_count) * 8, 128);
   l.row_arrivals = at;  // before dispatch_rows: a new layer zeroes it with the flags
   at = align_up(at + static_cast<std::size_t>(max_tokens * top_k) * 8, 4096);
   l.receive_capacity = world * max_tokens * std::min<std::int64_t>(top_k, experts / world);

@@ -47,7 +47,7 @@ struct EpRegionLayout {
   std::size_t received_rows = 0;      // [received_capacity][hidden] bf16: the tokens other ranks sent, once each
   std::size_t expert_in_scale = 0;    // [receive_capacity] f32: each ExpertIn row's input scale, written by its
                                       // source (Llama-4's routing, exec/cuda/input_scale.hpp; 0 = absent)
-  std::size_t segment_flags = 0;      // [ep_segment_flag_room(world)] u64: the plan's flags that segments raise,
+  std::size_t segment_flags = 0;      // [segment_flag_count] u64: the plan's flags that segments raise,
                                       // counters that only grow (segment_copy.hpp)
   std::size_t row_arrivals = 0;       // [max_tokens * top_k] u64: tile_signal raises returned row i's to the epoch
                                       // once it landed (the owner combines a token when its k rows are in)
@@ -62,20 +62,24 @@ struct EpRegionLayout {
   std::int64_t receive_capacity = 0;  // rows: every source's tokens times min(top_k, local experts), or less if asked
   std::int64_t received_capacity = 0;  // rows of received_rows: the other sources' tokens, at most receive_capacity
   std::int64_t gather_room = 0;        // entries of gather_rows
+  int segment_flag_count = 0;          // flags in segment_flags
 };
 
-// The plan flags a segment may raise at a peer: every strategy numbers its dispatch and combine
-// arrivals below 3 W + 2 (sequential_plan.hpp; 2 W + 2 with a row per expert).
+// The plan flags a segment may raise at a peer: sequential and tile_signal number their dispatch
+// and combine arrivals below 3 W + 2 (sequential_plan.hpp; 2 W + 2 with a row per expert);
+// comet's split arrivals need more, as many as its splits say (comet_plan.hpp).
 TILEMOE_HOST_DEVICE constexpr int ep_segment_flag_room(int world) { return 3 * world + 2; }
 
 // `remote_sources`: the world has GIN peers (several nodes), so the send side lives in the region.
 // `receive_rows` > 0 caps the receive capacity below the dropless worst case (a step that
 // would exceed it fails on every rank, nothing dropped). `volume`: the dispatch's, whose
 // OncePerRank adds the rank token counts, the gather table and received_rows; `input_scales`
-// the ExpertIn rows' input scales.
+// the ExpertIn rows' input scales; `segment_flags` the flags segments may raise, if more than
+// ep_segment_flag_room (a strategy's own numbering).
 EpRegionLayout ep_region_layout(int world, std::int64_t experts, std::int64_t hidden, std::int64_t max_tokens,
                                 std::int64_t top_k, bool remote_sources = false, std::int64_t receive_rows = 0,
-                                DispatchVolume volume = DispatchVolume::RowPerExpert, bool input_scales = false);
+                                DispatchVolume volume = DispatchVolume::RowPerExpert, bool input_scales = false,
+                                int segment_flags = 0);
 
 // This rank's device tables of a step, written by the counts kernel.
 struct EpLocalTables {

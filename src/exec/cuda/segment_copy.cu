@@ -27,7 +27,7 @@ __device__ inline void record_invalid(const DeviceTransport& t, const SegmentCop
   record_failure(t, comm::WaitState::PlanInvalid, peer, drain_subject(a.drain), what, 0, 0, step);
 }
 
-__device__ inline bool flag_held(std::int32_t flag, int world) { return flag >= 0 && flag < ep_segment_flag_room(world); }
+__device__ inline bool flag_held(std::int32_t flag, const EpRegionLayout& layout) { return flag >= 0 && flag < layout.segment_flag_count; }
 
 // Whether this executor can run segment `s` (see the header): its buffers, rows, columns, flag and waits.
 __device__ inline bool runnable(const Segment& s, const SegmentCopyArgs& a, const PlanTables& plan, int me, int world) {
@@ -48,11 +48,11 @@ __device__ inline bool runnable(const Segment& s, const SegmentCopyArgs& a, cons
     return false;
   }
   if (s.col_begin < 0 || s.col_begin > s.col_end || s.col_end > a.hidden || s.col_begin % 8 != 0 || s.col_end % 8 != 0) return false;
-  if (s.dest_flag != kNoFlag && !flag_held(s.dest_flag, world)) return false;
+  if (s.dest_flag != kNoFlag && !flag_held(s.dest_flag, a.layout)) return false;
   if (s.wait_begin + static_cast<std::uint64_t>(s.wait_count) > plan.waits.count) return false;
   for (std::uint32_t w = 0; w < s.wait_count; ++w) {  // another rank's flag: one it raises here by a segment
     const FlagWait fw = plan.waits.data[s.wait_begin + w];
-    if (fw.from_rank != me && (fw.from_rank < 0 || fw.from_rank >= world || !flag_held(static_cast<std::int32_t>(fw.flag), world))) {
+    if (fw.from_rank != me && (fw.from_rank < 0 || fw.from_rank >= world || !flag_held(static_cast<std::int32_t>(fw.flag), a.layout))) {
       return false;
     }
   }
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
         for (int l = from; l < to;) {
           const std::int32_t f = plan.segments.data[s_list[l]].dest_flag;
           const int n = run_at(l);
-          if (flag_held(f, N)) gin_signal_add(t, p, kGinSegmentFlagSignal + static_cast<unsigned>(f), static_cast<std::uint64_t>(n));
+          if (flag_held(f, a.layout)) gin_signal_add(t, p, kGinSegmentFlagSignal + static_cast<unsigned>(f), static_cast<std::uint64_t>(n));
           l += n;
         }
       }
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
     const int l = from + tid;
     if (l >= to) return;
     const Segment& s = plan.segments.data[s_list[l]];
-    if ((l == from || !same(l - 1, l)) && flag_held(s.dest_flag, N)) {
+    if ((l == from || !same(l - 1, l)) && flag_held(s.dest_flag, a.layout)) {
       add_release(region_at<std::uint64_t>(t, s.dest_rank, a.layout.segment_flags) + s.dest_flag, static_cast<std::uint64_t>(run_at(l)));
     }
   };
@@ -254,28 +254,31 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
     __syncthreads();  // all have read s_list before the next batch rewrites it
   }
 
-  // 4. the grid ends when the flags the next phase waits for are raised here
-  if (blockIdx.x != 0) return;
-  std::uint32_t wait_begin = 0, wait_count = 0;
-  if (a.drain == SegmentDrain::GemmTiles && plan.tiles.count > 0) {
-    wait_begin = plan.tiles.data[0].wait_begin;
-    wait_count = plan.tiles.data[0].wait_count;
-  } else if (a.drain == SegmentDrain::CombineTasks && plan.combines.count > 0) {
-    wait_begin = plan.combines.data[0].wait_begin;
-    wait_count = plan.combines.data[0].wait_count;
-  }
-  if (wait_begin + static_cast<std::uint64_t>(wait_count) > plan.waits.count) {
-    if (tid == 0) record_invalid(t, a, me, static_cast<std::uint64_t>(plan.segments.count) + wait_begin, epoch);
-    return;
-  }
-  for (std::uint32_t i = static_cast<std::uint32_t>(tid); i < wait_count; i += kThreads) {
-    const FlagWait w = plan.waits.data[wait_begin + i];
-    if (!flag_held(static_cast<std::int32_t>(w.flag), N) || w.from_rank < 0 || w.from_rank >= N) {
-      record_invalid(t, a, me, static_cast<std::uint64_t>(plan.segments.count) + wait_begin + i, epoch);
-      continue;
+  // 4. the grid ends when the flags the next phase waits for are raised here: the waits of the
+  // first GEMM0 tile, or of every combine task (a run of tasks with the same waits once)
+  if (blockIdx.x != 0 || a.drain == SegmentDrain::None) return;
+  const bool tiles = a.drain == SegmentDrain::GemmTiles;
+  const std::uint32_t tasks = tiles ? min(plan.tiles.count, 1u) : plan.combines.count;
+  std::uint32_t last_begin = 0, last_count = 0;
+  for (std::uint32_t task = 0; task < tasks; ++task) {
+    const std::uint32_t wait_begin = tiles ? plan.tiles.data[task].wait_begin : plan.combines.data[task].wait_begin;
+    const std::uint32_t wait_count = tiles ? plan.tiles.data[task].wait_count : plan.combines.data[task].wait_count;
+    if (task > 0 && wait_begin == last_begin && wait_count == last_count) continue;
+    last_begin = wait_begin;
+    last_count = wait_count;
+    if (wait_begin + static_cast<std::uint64_t>(wait_count) > plan.waits.count) {
+      if (tid == 0) record_invalid(t, a, me, static_cast<std::uint64_t>(plan.segments.count) + wait_begin, epoch);
+      return;
     }
-    wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.segment_flags) + w.flag, kGinSegmentFlagSignal + w.flag,
-              epoch * w.expected * static_cast<std::uint64_t>(a.ctas_per_peer), w.from_rank, drain_subject(a.drain), epoch);
+    for (std::uint32_t i = static_cast<std::uint32_t>(tid); i < wait_count; i += kThreads) {
+      const FlagWait w = plan.waits.data[wait_begin + i];
+      if (!flag_held(static_cast<std::int32_t>(w.flag), a.layout) || w.from_rank < 0 || w.from_rank >= N) {
+        record_invalid(t, a, me, static_cast<std::uint64_t>(plan.segments.count) + wait_begin + i, epoch);
+        continue;
+      }
+      wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.segment_flags) + w.flag, kGinSegmentFlagSignal + w.flag,
+                epoch * w.expected * static_cast<std::uint64_t>(a.ctas_per_peer), w.from_rank, drain_subject(a.drain), epoch);
+    }
   }
 }
 

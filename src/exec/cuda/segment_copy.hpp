@@ -46,11 +46,15 @@ struct SegmentBuffer {
   std::int64_t rows = 0;             // its room in rows, on either side
 };
 
-// The tasks whose waits end the grid: the first of them, whose waits all of them share (both
-// compilers give every GEMM0 tile the dispatch's waits and every combine task the combine's).
+// The tasks whose waits end the grid, so that the kernels after it in stream order read what
+// arrived.
 enum class SegmentDrain : std::uint8_t {
-  GemmTiles,     // the dispatch: GEMM0 reads the rows once they are in
-  CombineTasks,  // the combine send: the top-k sums read the returned rows
+  GemmTiles,     // the dispatch: GEMM0 reads the rows once they are in (the first tile's waits,
+                 // which every GEMM0 tile of sequential and tile_signal shares)
+  CombineTasks,  // the combine send: the top-k sums read the returned rows (every combine
+                 // task's waits: comet's differ from split to split)
+  None,          // nothing: the tasks that read the rows wait for them themselves (comet's GEMM0
+                 // tiles, in the GEMM that runs beside the dispatch)
 };
 
 struct SegmentCopyArgs {

@@ -22,14 +22,21 @@
 // on every backend, so the reduction of a column split runs on the owner. The bytes moved equal
 // the sequential combine's.
 //
-// Flags of rank r (B_r its bands, S the splits): [0, W) the rows of source q are in ExpertIn (as
-// sequential's: q's dispatch raises it, or with a dispatch once per rank r's placements), with a
-// dispatch once per rank [W, 2W) q's rows have arrived in Received, then from band_flag one per
-// band in row order (its GEMM0 tiles), one per split (its GEMM1 tiles), and S W: split s has
-// arrived from expert rank d (at + s W + d).
+// Flags of rank r (B_r its bands, S the splits), numbered so that every flag a segment raises
+// sits below 2W + S W whatever the routing (a GPU's exchange holds them as counters in a room of
+// fixed size): [0, W) the rows of source q are in ExpertIn (as sequential's: q's dispatch raises
+// it, or with a dispatch once per rank r's placements), [W, 2W) q's rows have arrived in Received
+// (a dispatch once per rank), [2W, 2W + S W) split s has arrived from expert rank d
+// (2W + s W + d); then, raised by r's GEMMs, from band_flag one per band in row order (its
+// GEMM0 tiles), then one per split (its GEMM1 tiles).
 // Waits: [0, W) one per source in ring order (a band's sources are a run of them), then one per
 // band (GEMM1's tiles of the band), one per split (its sends), one per (split, expert rank) (a
 // split's reductions wait for its W), then the dispatch's own (received_wait_count).
+//
+// The GPU's tile order (SequentialShape::cluster N2, the planned GEMM's 1x2 pairs): each band's
+// column tiles of a GEMM (of a split, in GEMM1) pair up, the last with a padding mate of no rows
+// where their count is odd. A padding mate carries its partner's waits: its CTA loads part of
+// the rows the pair shares.
 #include <cstdint>
 
 #include "strategies/sequential/sequential_plan.hpp"
@@ -51,6 +58,11 @@ TILEMOE_HOST_DEVICE inline int comet_split_tiles(const CometShape& s, int split)
   return static_cast<int>(ceil_div64(comet_split_width(s, split), s.gemm.tile_n[1]));
 }
 TILEMOE_HOST_DEVICE inline int comet_gemm0_tiles(const CometShape& s) { return static_cast<int>(ceil_div64(s.gemm.ffn_hidden, s.gemm.tile_n[0])); }
+// Entries per band of `tiles` column tiles: with pairs (N2) an even count, the last a padding mate
+// where `tiles` is odd.
+TILEMOE_HOST_DEVICE inline int comet_band_entries(const CometShape& s, int tiles) {
+  return s.gemm.cluster == cuda::PlannedCluster::N2 ? 2 * cuda::tile_ceil_div(tiles, 2) : tiles;
+}
 
 // Bands of rank r's local expert e whose rows end at or before row x of the expert (ring blocks
 // end at such rows): x / tile_m, or all of them once x reaches the expert's rows.
@@ -67,24 +79,21 @@ TILEMOE_HOST_DEVICE inline int ring_block_end(const StepCounts& c, int r, int e,
 
 // Prefix sums (room: comet_prefix_size): band_first[e] the bands of the experts before e (e = L:
 // B_r), order_first[p L + e] the GEMM0 places before the bands of expert e whose last source sits
-// at ring position p (p L + e = W L: B_r), gemm1_first[s] GEMM1's tiles before split s (s = S:
-// all of them), rank_bands[d] the bands of rank d (its flags past them are numbered after them:
-// a sender names an owner's arrival flags in O(1)).
+// at ring position p (p L + e = W L: B_r), gemm1_first[s] GEMM1's entries before split s (s = S:
+// all of them).
 TILEMOE_HOST_DEVICE inline int comet_prefix_size(int world, int local_experts, int splits) {
-  return (local_experts + 1) + (world * local_experts + 1) + (splits + 1) + world;
+  return (local_experts + 1) + (world * local_experts + 1) + (splits + 1);
 }
 struct CometPrefix {
   const int* band_first = nullptr;
   const int* order_first = nullptr;
   const int* gemm1_first = nullptr;
-  const int* rank_bands = nullptr;
 };
-TILEMOE_HOST_DEVICE inline CometPrefix comet_prefix_view(const int* prefix, int world, int local_experts, int splits) {
+TILEMOE_HOST_DEVICE inline CometPrefix comet_prefix_view(const int* prefix, int world, int local_experts) {
   CometPrefix x;
   x.band_first = prefix;
   x.order_first = x.band_first + local_experts + 1;
   x.gemm1_first = x.order_first + world * local_experts + 1;
-  x.rank_bands = x.gemm1_first + splits + 1;
   return x;
 }
 // The prefix sums on one thread (the host's way).
@@ -93,7 +102,6 @@ inline void comet_prefix(const StepCounts& c, const CometShape& s, int* prefix) 
   int* band_first = prefix;
   int* order_first = prefix + L + 1;
   int* gemm1_first = order_first + W * L + 1;
-  int* rank_bands = gemm1_first + comet_splits(s) + 1;
   int bands = 0;
   for (int e = 0; e < L; ++e) {
     band_first[e] = bands;
@@ -112,28 +120,24 @@ inline void comet_prefix(const StepCounts& c, const CometShape& s, int* prefix) 
   int tiles = 0;
   for (int split = 0; split < comet_splits(s); ++split) {
     gemm1_first[split] = tiles;
-    tiles += bands * comet_split_tiles(s, split);
+    tiles += bands * comet_band_entries(s, comet_split_tiles(s, split));
   }
   gemm1_first[comet_splits(s)] = tiles;
-  for (int d = 0; d < W; ++d) {
-    rank_bands[d] = 0;
-    for (int e = 0; e < L; ++e) rank_bands[d] += cuda::tile_ceil_div(c.local_rows(d, e), tm);
-  }
 }
 
 // What the tables are indexed by, from the prefix sums (O(1) per thread).
 struct CometSummary {
-  int bands = 0, splits = 0, gemm0_tiles_per_band = 0;
+  int bands = 0, splits = 0;
+  int gemm0_tiles_per_band = 0, gemm0_entries_per_band = 0;  // real column tiles; entries with padding mates
   std::int64_t gemm0_tiles = 0, tiles = 0, dispatch = 0, segments = 0, chunks = 0, combines = 0;
   std::uint32_t band_flag = 0, split_flag = 0, arrival_flag = 0, flag_count = 0;
   std::uint32_t band_wait = 0, split_wait = 0, arrival_wait = 0, received_wait = 0, waits = 0;
 };
-TILEMOE_HOST_DEVICE inline std::uint32_t comet_band_flag(int world, DispatchVolume dispatch) {
-  return static_cast<std::uint32_t>(dispatch == DispatchVolume::OncePerRank ? 2 * world : world);
-}
-// Rank d's flag that split s from expert rank q raises.
-TILEMOE_HOST_DEVICE inline std::uint32_t comet_arrival_flag(const StepCounts& c, const CometShape& s, CometPrefix x, int d, int split, int q) {
-  return comet_band_flag(c.world, s.gemm.dispatch) + static_cast<std::uint32_t>(x.rank_bands[d] + comet_splits(s) + split * c.world + q);
+// The flags segments raise: [0, comet_segment_flags) at every rank.
+TILEMOE_HOST_DEVICE inline std::uint32_t comet_segment_flags(int world, int splits) { return static_cast<std::uint32_t>((2 + splits) * world); }
+// A rank's flag that split s from expert rank q raises.
+TILEMOE_HOST_DEVICE inline std::uint32_t comet_arrival_flag(int world, int split, int q) {
+  return static_cast<std::uint32_t>(2 * world + split * world + q);
 }
 TILEMOE_HOST_DEVICE inline std::uint32_t comet_received_flag(int world, int q) { return static_cast<std::uint32_t>(world + q); }
 
@@ -144,16 +148,17 @@ TILEMOE_HOST_DEVICE inline CometSummary summarize_comet(const StepCounts& c, con
   m.bands = x.band_first[L];
   m.splits = comet_splits(s);
   m.gemm0_tiles_per_band = comet_gemm0_tiles(s);
-  m.gemm0_tiles = 1LL * m.bands * m.gemm0_tiles_per_band;
+  m.gemm0_entries_per_band = comet_band_entries(s, m.gemm0_tiles_per_band);
+  m.gemm0_tiles = 1LL * m.bands * m.gemm0_entries_per_band;
   m.tiles = m.gemm0_tiles + x.gemm1_first[m.splits];
   m.dispatch = dispatch_segment_count(W, L, s.gemm.dispatch);
   m.segments = m.dispatch + 1LL * m.splits * W * L;
   m.chunks = ceil_div64(s.gemm.tokens, s.gemm.combine_tokens);
   m.combines = m.chunks * m.splits;
-  m.band_flag = comet_band_flag(W, s.gemm.dispatch);
+  m.arrival_flag = comet_arrival_flag(W, 0, 0);
+  m.band_flag = comet_segment_flags(W, m.splits);
   m.split_flag = m.band_flag + u(m.bands);
-  m.arrival_flag = m.split_flag + u(m.splits);
-  m.flag_count = m.arrival_flag + u(1LL * m.splits * W);
+  m.flag_count = m.split_flag + u(m.splits);
   m.band_wait = u(W);
   m.split_wait = m.band_wait + u(m.bands);
   m.arrival_wait = m.split_wait + u(m.splits);
@@ -195,12 +200,14 @@ TILEMOE_HOST_DEVICE inline GemmTile comet_tile(const StepCounts& c, const CometS
   const int r = s.gemm.rank;
   GemmTile tile;
   if (i < m.gemm0_tiles) {
-    const CometBand band = comet_band_at_place(c, s, x, static_cast<int>(i / m.gemm0_tiles_per_band));
-    const int col = static_cast<int>(i % m.gemm0_tiles_per_band);
+    const CometBand band = comet_band_at_place(c, s, x, static_cast<int>(i / m.gemm0_entries_per_band));
+    int col = static_cast<int>(i % m.gemm0_entries_per_band);
+    const bool padding = col >= m.gemm0_tiles_per_band;  // its partner's copy, of no rows
+    if (padding) col -= 1;
     tile.layer = 0;
     tile.expert = band.expert;
     tile.row_begin = band.row_begin;
-    tile.row_end = band.row_begin + band.rows;
+    tile.row_end = padding ? band.row_begin : band.row_begin + band.rows;
     tile.col_begin = col * s.gemm.tile_n[0];
     tile.col_end = tile.col_begin + s.gemm.tile_n[0] < s.gemm.ffn_hidden ? tile.col_begin + s.gemm.tile_n[0] : s.gemm.ffn_hidden;
     // the ring positions of the band's first and last rows
@@ -211,33 +218,35 @@ TILEMOE_HOST_DEVICE inline GemmTile comet_tile(const StepCounts& c, const CometS
     while (ring_block_end(c, r, band.expert, last) <= hi) ++last;
     tile.wait_begin = static_cast<std::uint32_t>(first);
     tile.wait_count = static_cast<std::uint32_t>(last - first + 1);
-    tile.signal_flag = static_cast<std::int32_t>(m.band_flag) + band.id;
+    tile.signal_flag = padding ? kNoFlag : static_cast<std::int32_t>(m.band_flag) + band.id;
     return tile;
   }
   const int j = static_cast<int>(i - m.gemm0_tiles);
   const int split = expert_at(m.splits, j, [&](int t) { return x.gemm1_first[t]; });
-  const int per_band = comet_split_tiles(s, split), in_split = j - x.gemm1_first[split];
-  const int id = in_split / per_band, col = in_split % per_band;
+  const int real = comet_split_tiles(s, split), per_band = comet_band_entries(s, real), in_split = j - x.gemm1_first[split];
+  const int id = in_split / per_band;
+  int col = in_split % per_band;
+  const bool padding = col >= real;
+  if (padding) col -= 1;
   const int e = expert_at(c.local_experts, id, [&](int t) { return x.band_first[t]; });
   const CometBand band = comet_band(c, s, x, e, id - x.band_first[e]);
   const std::int64_t split_begin = split * s.split_cols, split_end = split_begin + comet_split_width(s, split);
   tile.layer = 1;
   tile.expert = e;
   tile.row_begin = band.row_begin;
-  tile.row_end = band.row_begin + band.rows;
+  tile.row_end = padding ? band.row_begin : band.row_begin + band.rows;
   tile.col_begin = split_begin + col * s.gemm.tile_n[1];
   tile.col_end = tile.col_begin + s.gemm.tile_n[1] < split_end ? tile.col_begin + s.gemm.tile_n[1] : split_end;
   tile.wait_begin = m.band_wait + static_cast<std::uint32_t>(band.id);
   tile.wait_count = 1;
-  tile.signal_flag = static_cast<std::int32_t>(m.split_flag) + split;
+  tile.signal_flag = padding ? kNoFlag : static_cast<std::int32_t>(m.split_flag) + split;
   return tile;
 }
 
 // Segment `j`: the dispatch (dispatch_segment, ring order), then per split, per local expert,
 // per source in ring order: the group's columns of the split back where they land in the
 // source's CombineIn, after the split's GEMM1 (empty groups too: an arrival counts L signals).
-TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const CometShape& s, const CometSummary& m, CometPrefix x,
-                                                  std::int64_t j) {
+TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const CometShape& s, const CometSummary& m, std::int64_t j) {
   const int W = c.world, L = c.local_experts, r = s.gemm.rank;
   if (j < m.dispatch) {
     return dispatch_segment(c, s.gemm, DispatchOrder::Ring, static_cast<int>(j), [W](int, int q) { return comet_received_flag(W, q); },
@@ -252,7 +261,7 @@ TILEMOE_HOST_DEVICE inline Segment comet_segment(const StepCounts& c, const Come
     segment.wait_begin = m.split_wait + static_cast<std::uint32_t>(split);
     segment.wait_count = 1;
   }
-  segment.dest_flag = static_cast<std::int32_t>(comet_arrival_flag(c, s, x, q, split, r));
+  segment.dest_flag = static_cast<std::int32_t>(comet_arrival_flag(W, split, r));
   return segment;
 }
 
@@ -303,8 +312,8 @@ TILEMOE_HOST_DEVICE inline FlagWait comet_wait(const StepCounts& c, const CometS
 inline PlanCapacity comet_capacity(int world, int local_experts, std::int64_t max_rows, std::int64_t max_tokens, const CometShape& s) {
   const std::int64_t bands = max_rows / s.gemm.tile_m + local_experts, splits = comet_splits(s);
   std::int64_t gemm1 = 0;
-  for (int split = 0; split < splits; ++split) gemm1 += bands * comet_split_tiles(s, split);
-  const std::int64_t tiles = bands * comet_gemm0_tiles(s) + gemm1;
+  for (int split = 0; split < splits; ++split) gemm1 += bands * comet_band_entries(s, comet_split_tiles(s, split));
+  const std::int64_t tiles = bands * comet_band_entries(s, comet_gemm0_tiles(s)) + gemm1;
   const std::int64_t combines = ceil_div64(max_tokens, s.gemm.combine_tokens) * splits;
   const std::int64_t segments = dispatch_segment_count(world, local_experts, s.gemm.dispatch) + splits * world * local_experts;
   const std::int64_t waits = world + bands + splits + splits * world + received_wait_count(world, s.gemm.dispatch);
@@ -316,7 +325,7 @@ inline PlanCapacity comet_capacity(int world, int local_experts, std::int64_t ma
 TILEMOE_HOST_DEVICE inline void compile_comet_tables(const StepCounts& c, const CometShape& s, const int* prefix, PlanTables& out,
                                                      int lane = 0, int lanes = 1) {
   const int W = c.world, L = c.local_experts;
-  const CometPrefix x = comet_prefix_view(prefix, W, L, comet_splits(s));
+  const CometPrefix x = comet_prefix_view(prefix, W, L);
   const CometSummary m = summarize_comet(c, s, x);
   const PlanSize size = plan_size(out, L, m.waits, m.tiles, m.segments, m.combines, true);
   const bool* fits = size.fits;
@@ -331,7 +340,7 @@ TILEMOE_HOST_DEVICE inline void compile_comet_tables(const StepCounts& c, const 
     for (std::int64_t i = lane; i < m.combines; i += lanes) out.combines.data[i] = comet_combine(s, m, W, i);
   }
   if (fits[kSegmentsTable]) {
-    for (std::int64_t j = lane; j < m.segments; j += lanes) out.segments.data[j] = comet_segment(c, s, m, x, j);
+    for (std::int64_t j = lane; j < m.segments; j += lanes) out.segments.data[j] = comet_segment(c, s, m, j);
   }
   if (fits[kCommQueueTable]) {
     for (std::int64_t n = lane; n < m.segments + m.combines; n += lanes) out.comm_queue.data[n] = comet_comm_entry(m, W, L, n);

@@ -89,6 +89,10 @@ void PlannedGemm::run(cudaStream_t stream, const PlannedGemmRun& r) {
   if (r.A == nullptr || r.B == nullptr || r.D == nullptr) fail("A, B and D are required");
   if (!aligned16(r.A) || !aligned16(r.B) || !aligned16(r.D)) fail("A, B and D must be 16-byte aligned");
   if (r.probe != nullptr && !aligned16(r.probe)) fail("the probe records must be 16-byte aligned");
+  if (r.tile_waits.counter_flags > 0 && (r.plan == nullptr || r.tile_waits.epoch == nullptr || r.tile_waits.signals_per_count == 0 ||
+                                         r.tile_waits.transport.rank < 0 || r.tile_waits.transport.rank >= r.tile_waits.transport.world)) {
+    fail("tile waits need a plan, the step's epoch, a positive signals per count and the rank's transport");
+  }
   backend_->impl->run(stream, r);
 }
 

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/cuda/device_transport.hpp"
 #include "plan/gpu_tables.hpp"
 #include "plan/tile_table.hpp"
 #include "tilemoe/plan.hpp"
@@ -101,6 +102,21 @@ const char* item_fetch_name(ItemFetch fetch);  // "default", "static", "dynamic"
 
 struct PlannedProbeRecord;  // planned_gemm_probe.hpp
 
+// The waits of a plan's tiles that a kernel running at the same time meets (COMET's GEMM0 runs
+// while the dispatch lands its rows: each tile waits for the sources of its rows). Before it
+// loads a tile's rows, the loader waits, bounded, for each of the tile's plan waits on a
+// counter flag, then orders its TMA loads (the async proxy) after the stores it acquired. A
+// stalled wait is recorded in the transport's failure record (naming the rank the wait names)
+// and the GEMM goes on without it: the step is failing, and the GEMM still ends. Waits for the
+// other flags (the GEMMs' own) are met by stream order.
+struct PlannedTileWaits {
+  DeviceTransport transport;              // the rank's: its region holds the counters
+  std::size_t counters = 0;               // region offset of the plan's flags that segments raise (u64, only growing)
+  std::uint32_t counter_flags = 0;        // plan flags [0, counter_flags) are those counters; 0: no waits in the kernel
+  const std::uint64_t* epoch = nullptr;   // device: the step; a wait for count c is met at epoch * c * signals_per_count
+  std::uint32_t signals_per_count = 1;    // raises per counted signal (the exchange's CTAs per peer)
+};
+
 struct PlannedGemmRun {
   // The work: a tile table and its count, or one GEMM's tiles of a plan, never both.
   const GemmTileEntry* table = nullptr;  // device
@@ -132,6 +148,7 @@ struct PlannedGemmRun {
   // a bias to the finished fp32 sum
   const float* bias = nullptr;
   SwigluVariant swiglu;  // the SwiGLU epilogue's variant (GPT-OSS's clamp); the default is silu(gate) * up
+  PlannedTileWaits tile_waits;  // a plan's tiles' waits on counters (counter_flags 0: none)
 };
 
 class PlannedGemm {

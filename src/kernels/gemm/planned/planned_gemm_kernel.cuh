@@ -35,6 +35,7 @@
 #include "cutlass/pipeline/pipeline.hpp"
 #include "cutlass/util/packed_stride.hpp"
 #pragma nv_diag_default 2908
+#include "comm/cuda/device_sync.cuh"
 #include "tilemoe/cuda/cuda_check.hpp"
 #include "tilemoe/cuda/device_array.hpp"
 #include "kernels/gemm/planned/planned_gemm.hpp"
@@ -180,6 +181,7 @@ struct PlannedGemmTypes {
     const float* bias;          // optional [groups][N], added to the fp32 sums before the activation
     SwigluVariant swiglu;       // the SwiGLU epilogue's
     bool plain_swiglu;          // swiglu is the default: silu(gate) * up
+    PlannedTileWaits tile_waits;
   };
 };
 
@@ -231,6 +233,26 @@ __device__ __forceinline__ unsigned long long planned_globaltimer() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
+}
+
+// The loader warp, before it loads plan tile `tile`'s rows: each lane waits for some of the
+// tile's waits on counters (PlannedTileWaits), the warp meets, and every lane fences the async
+// proxy, so that the TMA loads the warp issues next read what the acquires saw.
+__device__ __forceinline__ void planned_wait_for_tile(const PlannedTileWaits& w, const PlanTables& plan, const GemmTile& tile, int lane) {
+  const std::uint64_t epoch = *w.epoch;
+  for (std::uint32_t i = std::uint32_t(lane); i < tile.wait_count; i += 32) {
+    if (tile.wait_begin + std::uint64_t(i) >= plan.waits.count) {  // a compiler's bug: recorded, never read past the table
+      record_failure(w.transport, comm::WaitState::PlanInvalid, w.transport.rank, comm::WaitSubject::DispatchRows,
+                     tile.wait_begin + std::uint64_t(i), 0, 0, epoch);
+      continue;
+    }
+    const FlagWait fw = plan.waits.data[tile.wait_begin + i];
+    if (fw.flag >= w.counter_flags) continue;  // a GEMM's own flag: met by stream order
+    const std::uint64_t* counter = region_at<const std::uint64_t>(w.transport, w.transport.rank, w.counters) + fw.flag;
+    wait_at_least(w.transport, counter, epoch * fw.expected * w.signals_per_count, fw.from_rank, comm::WaitSubject::DispatchRows, epoch);
+  }
+  __syncwarp();
+  asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
 // Table entry `index`: the table's, or the plan tile's in the table's terms (PlannedGemmRun::plan).
@@ -358,7 +380,11 @@ __global__ void __launch_bounds__(384, 1) planned_gemm_kernel(const __grid_const
         item = dynamic ? planned_ring_read(smem.ring, seq, lane) : static_item(seq);
         if (item < 0) break;
       }
-      const GemmTileEntry e = entry_at(item * Types::kClusterSize + int(rank_in_cluster));
+      const int index = item * Types::kClusterSize + int(rank_in_cluster);
+      const GemmTileEntry e = entry_at(index);
+      if (params.tile_waits.counter_flags > 0 && plan_tiles != nullptr) {
+        planned_wait_for_tile(params.tile_waits, *params.plan, plan_tiles[index], lane);
+      }
       planned_probe(probe, ProbeStep::Load, seq, item, write_state, 0, e.rows);
       if (e.group != group) {
         // The whole warp read the smem descriptors (cp_fence_release) for the previous group;
@@ -597,7 +623,7 @@ class PlannedGemmImpl final : public PlannedGemmBackend {
     typename Types::Params params{mainloop_params_, r.table, r.count, r.plan, r.plan_layer, r.a_rows, r.N, r.K,
                                   kEpilogue == PlannedEpilogue::SwiGLU ? r.N / 2 : r.N,
                                   r.D, r.flags, r.flag_offset, r.tile_times, padding_mma, item_counter, r.probe, r.bias, r.swiglu,
-                                  r.swiglu.is_default()};
+                                  r.swiglu.is_default(), r.tile_waits};
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t config = launch_config(clusters_, stream, attr);
     TILEMOE_CUDA_CHECK(cudaLaunchKernelEx(&config, planned_gemm_kernel<Types, kEpilogue>, params));

@@ -1,0 +1,41 @@
+#pragma once
+// comet's decisions for one rank's layer on the GPU, taken once when the layer is built: the
+// column split of layer 1 and the SMs GEMM0 leaves to the dispatch that runs beside it. The
+// layer asks and obeys.
+#include <cstdint>
+#include <string>
+
+#include "tilemoe/strategy_options.hpp"
+
+namespace tilemoe::cuda {
+
+// What the layer knows of the rank's step and GPU.
+struct CometGpuShape {
+  std::int64_t hidden = 0;
+  int sm_count = 0;            // SMs the rank's kernels run on
+  int sharing = 1;             // ranks sharing those SMs (virtual ranks)
+  int dispatch_ctas = 0;       // the dispatch grid's CTAs (the exchange's CTAs per peer x ranks)
+  int dispatch_ctas_per_sm = 1;  // of them, resident on one SM
+};
+
+struct CometGpuSchedule {
+  std::int64_t split_cols = 0;  // GEMM1 columns per split: a multiple of the planned GEMM's 256-column tile
+  int gemm0_sm_limit = 0;       // SMs GEMM0 may use; the others run the dispatch beside it
+  std::string note;             // for the layer's description
+};
+
+// The exchange's CTAs per peer where the user leaves them to the layer: the dispatch runs beside
+// GEMM0 and takes SMs from it, so it gets about an eighth of the rank's share of the SMs, at
+// least one CTA per peer (the other strategies' exchange runs alone and takes up to half).
+int comet_exchange_ctas_per_peer(int sm_count, int sharing, int resident_ctas_per_sm, int world);
+
+// GEMM1's columns per split: the option's, which must be a positive multiple of 256 columns (a
+// GEMM1 tile never straddles two splits; bad input otherwise), or by default a quarter of hidden
+// in whole pairs of tiles (512 columns: the 1x2 pairs then have no padding mates).
+std::int64_t comet_gpu_split_cols(std::int64_t hidden, const CometOptions& options);
+
+// Bad input, saying what to change, for a bad split (above) or SMs too few to run GEMM0 beside
+// the dispatch.
+CometGpuSchedule comet_gpu_schedule(const CometGpuShape& shape, const CometOptions& options);
+
+}  // namespace tilemoe::cuda
