@@ -861,7 +861,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       if (m.is_comet()) {  // beside GEMM0, whose tiles wait for their rows: forked off here, joined before the combine send
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.fork, stream));
         TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
-        launch_segment_copy(m.consumer, view, m.segment_args(SegmentDrain::None, 0, dispatch_segments, input, T));
+        SegmentCopyArgs dispatch = m.segment_args(SegmentDrain::None, 0, dispatch_segments, input, T);
+        dispatch.serial_sends = m.comet.serial_sends;
+        launch_segment_copy(m.consumer, view, dispatch);
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
       } else {
         launch_segment_copy(stream, view, m.segment_args(SegmentDrain::GemmTiles, 0, dispatch_segments, input, T));

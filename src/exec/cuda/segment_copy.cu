@@ -72,6 +72,58 @@ __device__ inline int group_rank_of(const Segment& s, const PlanTables& plan, in
   return me;
 }
 
+// With serial sends: the plan's last send before segment `j` in [begin, j) to a rank other than
+// this one and `dest` (a send to `dest` before j is this group's own), or -1.
+__device__ inline int previous_send(const PlanTables& plan, int begin, int j, int me, int dest) {
+  for (int i = j - 1; i >= begin; --i) {
+    const int d = plan.segments.data[i].dest_rank;
+    if (d != me && d != dest) return i;
+  }
+  return -1;
+}
+
+// The raises segment `j`'s flag gets from its group in a step: one per segment of [begin, end) to
+// the same rank and flag, from every CTA of the group.
+__device__ inline std::uint64_t raises_per_step(const PlanTables& plan, int begin, int end, int j, int ctas_per_peer) {
+  const Segment& s = plan.segments.data[j];
+  std::uint64_t n = 0;
+  for (int i = begin; i < end; ++i) {
+    const Segment& o = plan.segments.data[i];
+    n += o.dest_rank == s.dest_rank && o.dest_flag == s.dest_flag ? 1u : 0u;
+  }
+  return n * static_cast<std::uint64_t>(ctas_per_peer);
+}
+
+// With serial sends the CTA groups are the plan's steps, not its destinations: group g sends the
+// plan's g-th destination (in the order of its sends) and places the rows of the g-th source it
+// places (in the order of its placements), which land while it sends (comet's ring: step i sends
+// to r - i while r + i's rows arrive); the last group copies this rank's own rows. A placement in
+// the group of its source's destination would wait behind every send before it.
+__device__ inline int serial_destination(const PlanTables& plan, int begin, int end, int me, int group) {
+  int seen = 0, last = -1;
+  for (int i = begin; i < end; ++i) {
+    const int d = plan.segments.data[i].dest_rank;
+    if (d == me || d == last) continue;
+    if (seen++ == group) return d;
+    last = d;
+  }
+  return me;
+}
+// The group of a placement that waits for source q: q's place among the sources the plan places.
+__device__ inline int serial_placement_group(const PlanTables& plan, int begin, int end, int me, int q) {
+  int seen = 0, last = -1;
+  for (int i = begin; i < end; ++i) {
+    const Segment& s = plan.segments.data[i];
+    if (s.dest_rank != me || s.wait_count == 0) continue;
+    const int from = plan.waits.data[s.wait_begin].from_rank;
+    if (from == me || from == last) continue;
+    if (from == q) return seen;
+    ++seen;
+    last = from;
+  }
+  return -1;
+}
+
 // Whether segment `s` waits for another rank (the same answer on every thread).
 __device__ inline bool waits_for_peer(const Segment& s, const PlanTables& plan, int me) {
   for (std::uint32_t w = 0; w < s.wait_count; ++w) {
@@ -97,19 +149,22 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
   if (!s_ok) return;
 
   const int group = static_cast<int>(blockIdx.x) / a.ctas_per_peer, member = static_cast<int>(blockIdx.x) % a.ctas_per_peer;
-  const int p = destination_of_group(group, me, N);
+  const int p = a.serial_sends ? serial_destination(plan, a.first_segment, min(a.first_segment + a.segment_count, static_cast<int>(plan.segments.count)),
+                                                    me, group)
+                               : destination_of_group(group, me, N);
   const int warp = member * kWarps + warp_in_cta, warps = a.ctas_per_peer * kWarps;
   const int begin = a.first_segment;
   const int end = min(a.first_segment + a.segment_count, static_cast<int>(plan.segments.count));
   const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * 2;
   const bool paced_group = t.region[p] != nullptr && p != me && t.link_bytes_per_ns > 0.0;
-  const std::uint64_t start = paced_group ? global_timer_ns() : 0;
+  std::uint64_t start = paced_group ? global_timer_ns() : 0;
   double sent = 0;
   std::int64_t running = 0;  // rows of the group's segments so far: row `running + i` is warp (running + i) % warps's
   int listed_before = 0;     // the group's segments so far: segment `listed_before + l` is put by member (...) % ctas_per_peer
   // the waits this CTA met last: the placements of one source share them (their flags only grow,
   // so met once they stay met for the step)
   std::uint32_t met_begin = 0, met_count = 0;
+  int serial_dest = -1;  // serial sends: the destination whose send this CTA started last
 
   // The flags of the listed segments [from, to) at their destinations, after a __syncthreads that
   // orders every row this CTA stored for them before the releases: one add per run of segments
@@ -156,7 +211,14 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
       if (d < 0 || d >= N) {
         if (blockIdx.x == 0) record_invalid(t, a, me, static_cast<std::uint64_t>(j), epoch);
       } else {
-        mine = group_rank_of(s, plan, me, N) == p;
+        const int owner = group_rank_of(s, plan, me, N);
+        if (!a.serial_sends || s.dest_rank != me) {
+          mine = owner == p;
+        } else if (owner == me) {  // this rank's own rows: the last group's
+          mine = group == N - 1;
+        } else {
+          mine = serial_placement_group(plan, begin, end, me, owner) == group;
+        }
       }
     }
     const unsigned ballot = __ballot_sync(~0u, mine);
@@ -197,6 +259,24 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
         met_count = s.wait_count;
       }
       const int dest = s.dest_rank;
+      if (a.serial_sends && dest != me && dest != serial_dest && !a.silent) {  // after the previous send has landed, with the whole link
+        serial_dest = dest;
+        const int before = previous_send(plan, begin, s_list[l], me, dest);
+        if (before >= 0) {
+          const Segment& prior = plan.segments.data[before];
+          if (tid == 0 && flag_held(prior.dest_flag, a.layout) &&
+              !wait_at_least(t, region_at<std::uint64_t>(t, prior.dest_rank, a.layout.segment_flags) + prior.dest_flag,
+                             epoch * raises_per_step(plan, begin, end, before, a.ctas_per_peer), me, drain_subject(a.drain), epoch)) {
+            s_stalled = 1;
+          }
+          __syncthreads();
+          if (s_stalled) return;  // recorded: the step is failing
+        }
+        if (paced_group) {
+          start = global_timer_ns();
+          sent = 0;
+        }
+      }
       const bool gin_peer = t.region[dest] == nullptr;
       const bool paced = paced_group && dest != me;
       const SegmentBuffer& from = a.buffers[static_cast<int>(s.src)];
@@ -239,7 +319,7 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
                    src + static_cast<std::size_t>(src_row) * row_bytes + col_offset, col_bytes, lane);
           if (paced) {
             sent += col_bytes;
-            if (lane == 0) pace_link(t, start, sent, 1.0 / ((N - 1) * warps));
+            if (lane == 0) pace_link(t, start, sent, a.serial_sends ? 1.0 / warps : 1.0 / ((N - 1) * warps));
             __syncwarp();
           }
         }

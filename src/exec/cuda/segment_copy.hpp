@@ -22,6 +22,8 @@
 //    gather_rows[gather_begin + i], as on the CPU engine. Without one, only Input is gathered, and
 //    from the permuted copy the layout wrote: row gather_begin + i (a rank's gather table starts
 //    with its permuted order), so that every segment reads contiguous rows (GIN puts need that).
+//  - With serial_sends, a send to another rank first waits (bounded) until the plan's previous
+//    send has landed, and is then paced to the whole link, not a share.
 //  - Waits for this rank's own flags are met by stream order: the grid runs after every task
 //    before its range on this rank. A wait for another rank's flag (a placement waiting for its
 //    source's rows to arrive) is waited for, bounded, by every CTA of the group before it copies.
@@ -69,6 +71,11 @@ struct SegmentCopyArgs {
   int hidden = 0;
   int ctas_per_peer = 1;
   SegmentDrain drain = SegmentDrain::GemmTiles;
+  // The sends to other ranks one after another in the plan's order, each with the whole link: a
+  // send starts once the plan's previous send has landed (its flag raised at its destination by
+  // every CTA of its group), so that the destinations receive in that order (comet's ring, whose
+  // GEMM0 works through the first sources' rows while the next arrive) instead of all at the end.
+  bool serial_sends = false;
   bool silent = false;  // fault injection: this rank sends nothing (tests)
 };
 

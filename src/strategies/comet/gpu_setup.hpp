@@ -21,6 +21,11 @@ struct CometGpuShape {
 struct CometGpuSchedule {
   std::int64_t split_cols = 0;  // GEMM1 columns per split: a multiple of the planned GEMM's 256-column tile
   int gemm0_sm_limit = 0;       // SMs GEMM0 may use; the others run the dispatch beside it
+  // The dispatch sends to one rank after another in the ring's order, each with the whole link
+  // (SegmentCopyArgs::serial_sends), so that a rank's sources land one after another, r + 1's
+  // first, and GEMM0 works through them as they come; sent all at once, every source's rows land
+  // at the dispatch's end and GEMM0 could start only on the rank's own.
+  bool serial_sends = true;
   std::string note;             // for the layer's description
 };
 
