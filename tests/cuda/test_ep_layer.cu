@@ -178,6 +178,15 @@ void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const Syn
   expect(e.within_tolerance(), std::string("the CPU executor running the device-built plans (") + path + "): " + e.describe());
 }
 
+// comet's options in the cases: splits of one tile (one real tile and a padding mate per band)
+// where hidden has more than two, the strategy's default elsewhere.
+cuda::EpMoeLayerOptions comet_options_of(const cases::MoeCase& c) {
+  cuda::EpMoeLayerOptions options;
+  options.strategy = Strategy::Comet;
+  options.comet.split_cols = c.hidden > 2 * cuda::kPlannedTileN ? cuda::kPlannedTileN : 0;
+  return options;
+}
+
 // comet in a world of its own: the dispatch beside GEMM0, whose tiles wait for their sources,
 // GEMM1 in column splits; two steps and a graph replay with the default dispatch volume, one step
 // with a row per expert, all the sequential output bitwise; the device-built plans equal the
@@ -190,9 +199,7 @@ void comet_case(const cases::MoeCase& c, const EpWorld& world, const SyntheticSt
   std::vector<StepPlan> plans(n);
   std::vector<Routing> routing(n);
   std::string description;
-  cuda::EpMoeLayerOptions options;
-  options.strategy = Strategy::Comet;
-  options.comet.split_cols = c.hidden > 2 * cuda::kPlannedTileN ? cuda::kPlannedTileN : 0;  // odd splits of one tile, or the default
+  const cuda::EpMoeLayerOptions options = comet_options_of(c);
   on_every_rank(vw, [&](int r) {
     const auto ri = static_cast<std::size_t>(r);
     const std::int64_t T = world.tokens_per_rank[ri];
@@ -247,10 +254,8 @@ void run_case(const cases::MoeCase& c, std::uint64_t seed) {
   cuda::VirtualWorldOptions world_options;
   world_options.timeout = world_timeout;
   world_options.sms_per_rank = c.sms_per_rank;
-  cuda::EpMoeLayerOptions comet_options;  // the largest region of the strategies the case runs
-  comet_options.strategy = Strategy::Comet;
-  comet_options.comet.split_cols = c.hidden > 2 * cuda::kPlannedTileN ? cuda::kPlannedTileN : 0;
-  const std::size_t region = std::max(cuda::EpMoeLayer::region_bytes(config, c.ranks), cuda::EpMoeLayer::region_bytes(config, c.ranks, comet_options));
+  // the largest region of the strategies the case runs
+  const std::size_t region = std::max(cuda::EpMoeLayer::region_bytes(config, c.ranks), cuda::EpMoeLayer::region_bytes(config, c.ranks, comet_options_of(c)));
   cuda::VirtualWorld vw(c.ranks, region, 0, world_options);
   if (c.sms_per_rank > 0) std::printf("  SM partitions of %d SMs\n", vw.rank(0).sm_count());
   const auto n = static_cast<std::size_t>(c.ranks);
