@@ -149,12 +149,10 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
   if (!s_ok) return;
 
   const int group = static_cast<int>(blockIdx.x) / a.ctas_per_peer, member = static_cast<int>(blockIdx.x) % a.ctas_per_peer;
-  const int p = a.serial_sends ? serial_destination(plan, a.first_segment, min(a.first_segment + a.segment_count, static_cast<int>(plan.segments.count)),
-                                                    me, group)
-                               : destination_of_group(group, me, N);
-  const int warp = member * kWarps + warp_in_cta, warps = a.ctas_per_peer * kWarps;
   const int begin = a.first_segment;
   const int end = min(a.first_segment + a.segment_count, static_cast<int>(plan.segments.count));
+  const int p = a.serial_sends ? serial_destination(plan, begin, end, me, group) : destination_of_group(group, me, N);
+  const int warp = member * kWarps + warp_in_cta, warps = a.ctas_per_peer * kWarps;
   const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * 2;
   const bool paced_group = t.region[p] != nullptr && p != me && t.link_bytes_per_ns > 0.0;
   std::uint64_t start = paced_group ? global_timer_ns() : 0;
