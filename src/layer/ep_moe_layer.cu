@@ -151,6 +151,9 @@ struct EpMoeLayer::Impl : LayerRouting {
   // tile signal: GEMM1's band flags (the plan's flags from tile_signal_band_flag on), the
   // consumer's stream and the events that fork it off after GEMM0 and join it before the combine
   DeviceArray<unsigned> band_flags;
+  // comet: GEMM1's tiles done per column split (the plan's flags from comet_split_flag on), which
+  // the splits' sends wait for on the consumer stream
+  DeviceArray<unsigned> split_flags;
   cudaStream_t consumer = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
   int combine_ctas = 0;  // the owner's token-by-token combine: a persistent grid whose CTAs may all wait
@@ -203,6 +206,9 @@ struct EpMoeLayer::Impl : LayerRouting {
     return is_comet() ? world * local_experts * plan_detail::comet_splits(comet_plan_shape(0)) : world * local_experts;
   }
   std::uint32_t band_flag() const { return plan_detail::tile_signal_band_flag(world, volume); }
+  std::uint32_t split_flag() const {  // comet's first split flag (comet_plan.hpp)
+    return plan_detail::comet_split_flag(world, plan_detail::comet_splits(comet_plan_shape(0)), 0);
+  }
   // what the experts produced: their FFN's output, or with identity experts their input rows
   const std::byte* expert_out() const {
     return ffn ? reinterpret_cast<const std::byte*>(ffn_out()) : region(layout.dispatch_rows);
@@ -283,6 +289,7 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
     const plan_detail::CometShape comet_shape = plan_detail::gpu_comet_shape(c, 0, c.tokens, volume, split);
     plan_room = plan_detail::comet_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, comet_shape);
     extra_prefix = comet_device_prefix(world, static_cast<int>(local_experts), plan_detail::comet_splits(comet_shape));
+    f.add(static_cast<std::size_t>(plan_detail::comet_splits(comet_shape)), sizeof(unsigned));  // split_flags
   }
   const bool walks_plan = options.gemm == GemmPath::Planned || (options.dispatch == DispatchPath::Device && !direct);
   if (walks_plan) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts), extra_prefix));
@@ -448,12 +455,14 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   agree_on_settings(split_chosen_here);
   ffn_walks_plan = o.gemm == GemmPath::Planned;  // on whichever strategy the layer runs
   if (options.strategy == Strategy::Comet) {
-    ffn_options.gemm0_sm_limit = comet.gemm0_sm_limit;
+    ffn_options.gemm0_sm_limit = comet.gemm_sm_limit;
+    ffn_options.gemm1_sm_limit = comet.gemm_sm_limit;
     const plan_detail::CometShape plan_shape = comet_plan_shape(c.tokens);
     device_plan = std::make_unique<DevicePlanTables>(
         plan_detail::comet_capacity(world, local_experts, layout.receive_capacity, c.tokens, plan_shape), world, static_cast<int>(E),
         comet_device_prefix(world, local_experts, plan_detail::comet_splits(plan_shape)));
-    consumer = t.stream(RankStream::Consumer);  // the dispatch, beside GEMM0
+    split_flags = DeviceArray<unsigned>(static_cast<std::size_t>(plan_detail::comet_splits(plan_shape)));
+    consumer = t.stream(RankStream::Consumer);  // the dispatch beside GEMM0, the splits' sends beside GEMM1
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   } else if (options.strategy == Strategy::TileSignal) {
@@ -903,8 +912,22 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         launch_band_consumer(m.consumer, view, ts);
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
       }
-      m.ffn->run_gemm1(stream, m.local_row_offset.data(), bound, m.ffn_out(), overlap ? m.band_flags.data() : nullptr,
-                       static_cast<int>(m.band_flag()), m.tile_times.data());
+      if (m.is_comet()) {  // the splits' sends beside GEMM1, each as soon as GEMM1 has finished its split
+        // last step's sends were joined before its combine, so nobody reads these now
+        TILEMOE_CUDA_CHECK(cudaMemsetAsync(m.split_flags.data(), 0, m.split_flags.count() * sizeof(unsigned), stream));
+        TILEMOE_CUDA_CHECK(cudaEventRecord(m.fork, stream));
+        TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
+        SegmentCopyArgs sends = m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, m.combine_segments(), input, T);
+        sends.own_flags = m.split_flags.data();
+        sends.own_flag_begin = m.split_flag();
+        sends.own_flag_count = static_cast<std::uint32_t>(m.split_flags.count());
+        launch_segment_copy(m.consumer, view, sends);
+        TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
+      }
+      unsigned* gemm1_flags = overlap ? m.band_flags.data() : m.is_comet() ? m.split_flags.data() : nullptr;
+      const std::uint32_t gemm1_flag = m.is_comet() ? m.split_flag() : m.band_flag();
+      m.ffn->run_gemm1(stream, m.local_row_offset.data(), bound, m.ffn_out(), gemm1_flags, static_cast<int>(gemm1_flag),
+                       m.tile_times.data());
     } else {
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
@@ -930,8 +953,9 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
     } else {
       if (m.direct) {
         // the FFN's output rows are the returned rows
-      } else if (m.exchange_walks_plan) {  // sequential's and comet's combine segments follow their dispatch's
-        if (m.is_comet()) TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));  // the dispatch grid has ended
+      } else if (m.is_comet()) {  // the splits' sends ran beside GEMM1 and ended once every split had arrived
+        TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
+      } else if (m.exchange_walks_plan) {  // sequential's combine segments follow its dispatch's
         launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, m.combine_segments(), input, T));
       } else {
         m.host_combine_send(stream);

@@ -95,6 +95,14 @@ __device__ inline bool wait_at_least(const DeviceTransport& t, const std::uint64
   return bounded_wait(t, [flag] { return load_acquire(flag); }, expected, peer, subject, step);
 }
 
+// One thread: this rank's GEMM flag (a planned GEMM's tile count, reset every step) >= expected
+// (GPU scope: the producer is on this GPU), bounded like every other wait.
+__device__ inline bool wait_tile_flag(const DeviceTransport& t, const unsigned* flag, unsigned expected, std::uint64_t step) {
+  ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> ref(*const_cast<unsigned*>(flag));
+  return bounded_wait(t, [&ref] { return static_cast<std::uint64_t>(ref.load(::cuda::memory_order_acquire)); }, expected, t.rank,
+                      comm::WaitSubject::TileFlags, step);
+}
+
 // Link pacing for one CTA that owns `share` of its rank's outgoing link: after it has sent
 // `bytes_sent` bytes since `start_ns`, it may not run ahead of the emulated link.
 __device__ inline void pace_link(const DeviceTransport& t, std::uint64_t start_ns, double bytes_sent, double share) {

@@ -11,14 +11,6 @@ namespace {
 
 constexpr int kConsumerThreads = 512;
 
-// One thread: this rank's GEMM flag >= expected (GPU scope: the producer is on this GPU),
-// bounded like every other wait.
-__device__ inline bool wait_tile_flag(const DeviceTransport& t, const unsigned* flag, unsigned expected, std::uint64_t step) {
-  ::cuda::atomic_ref<unsigned, ::cuda::thread_scope_device> ref(*const_cast<unsigned*>(flag));
-  return bounded_wait(t, [&ref] { return static_cast<std::uint64_t>(ref.load(::cuda::memory_order_acquire)); }, expected, t.rank,
-                      comm::WaitSubject::TileFlags, step);
-}
-
 __global__ void __launch_bounds__(kConsumerThreads) consumer_kernel(DeviceTransport t, BandConsumerArgs a) {
   const EpExchangeArgs& x = a.exchange;
   const int me = t.rank, tid = static_cast<int>(threadIdx.x);

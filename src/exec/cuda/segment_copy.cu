@@ -124,10 +124,16 @@ __device__ inline int serial_placement_group(const PlanTables& plan, int begin, 
   return -1;
 }
 
-// Whether segment `s` waits for another rank (the same answer on every thread).
-__device__ inline bool waits_for_peer(const Segment& s, const PlanTables& plan, int me) {
+// Whether flag wait `w` is for a flag of this rank that a kernel beside the copy raises.
+__device__ inline bool raised_beside(const FlagWait& w, const SegmentCopyArgs& a, int me) {
+  return w.from_rank == me && a.own_flags != nullptr && w.flag >= a.own_flag_begin && w.flag - a.own_flag_begin < a.own_flag_count;
+}
+// Whether segment `s` waits for something not met by stream order: another rank, or a kernel
+// beside the copy (the same answer on every thread).
+__device__ inline bool waits_for_others(const Segment& s, const PlanTables& plan, const SegmentCopyArgs& a, int me) {
   for (std::uint32_t w = 0; w < s.wait_count; ++w) {
-    if (plan.waits.data[s.wait_begin + w].from_rank != me) return true;
+    const FlagWait& fw = plan.waits.data[s.wait_begin + w];
+    if (fw.from_rank != me || raised_beside(fw, a, me)) return true;
   }
   return false;
 }
@@ -238,16 +244,19 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
         if (member == 0 && tid == 0) record_invalid(t, a, p, static_cast<std::uint64_t>(s_list[l]), epoch);
         continue;
       }
-      if ((s.wait_begin != met_begin || s.wait_count != met_count) && waits_for_peer(s, plan, me)) {  // every CTA of the group
+      if ((s.wait_begin != met_begin || s.wait_count != met_count) && waits_for_others(s, plan, a, me)) {  // every CTA of the group
         // first the flags of what this CTA copied so far: the peer may be waiting for them
         __syncthreads();
         raise_flags(raised, l);
         raised = l;
         for (std::uint32_t w = static_cast<std::uint32_t>(tid); w < s.wait_count; w += kThreads) {
           const FlagWait fw = plan.waits.data[s.wait_begin + w];
-          if (fw.from_rank != me &&
-              !wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.segment_flags) + fw.flag, kGinSegmentFlagSignal + fw.flag,
-                         epoch * fw.expected * static_cast<std::uint64_t>(a.ctas_per_peer), fw.from_rank, drain_subject(a.drain), epoch)) {
+          if (raised_beside(fw, a, me)) {
+            if (!wait_tile_flag(t, a.own_flags + (fw.flag - a.own_flag_begin), fw.expected, epoch)) s_stalled = 1;
+          } else if (fw.from_rank != me &&
+                     !wait_peer(t, region_at<std::uint64_t>(t, me, a.layout.segment_flags) + fw.flag, kGinSegmentFlagSignal + fw.flag,
+                                epoch * fw.expected * static_cast<std::uint64_t>(a.ctas_per_peer), fw.from_rank, drain_subject(a.drain),
+                                epoch)) {
             s_stalled = 1;
           }
         }

@@ -24,9 +24,11 @@
 //    with its permuted order), so that every segment reads contiguous rows (GIN puts need that).
 //  - With serial_sends, a send to another rank first waits (bounded) until the plan's previous
 //    send has landed, and is then paced to the whole link, not a share.
-//  - Waits for this rank's own flags are met by stream order: the grid runs after every task
-//    before its range on this rank. A wait for another rank's flag (a placement waiting for its
-//    source's rows to arrive) is waited for, bounded, by every CTA of the group before it copies.
+//  - Waits for this rank's own flags are met by stream order (the grid runs after every task
+//    before its range on this rank), except those a kernel beside it raises (`own_flags`: comet's
+//    GEMM1 counts the tiles of each column split there). Those, and a wait for another rank's
+//    flag (a placement waiting for its source's rows to arrive), every CTA of the group waits
+//    for, bounded, before it copies.
 //  - A plan it cannot run (an overflowed table, a buffer or flag the exchange does not hold, rows
 //    past a buffer's room) is recorded as WaitState::PlanInvalid, naming the segment; nothing of
 //    that segment is copied.
@@ -76,6 +78,11 @@ struct SegmentCopyArgs {
   // every CTA of its group), so that the destinations receive in that order (comet's ring, whose
   // GEMM0 works through the first sources' rows while the next arrive) instead of all at the end.
   bool serial_sends = false;
+  // This rank's flags [own_flag_begin, own_flag_begin + own_flag_count) as a kernel running beside
+  // the copy raises them: own_flags[f - own_flag_begin] counts flag f's raises this step (device;
+  // the GEMM's u32 flags, reset before it starts). Null: every own flag is met by stream order.
+  const unsigned* own_flags = nullptr;
+  std::uint32_t own_flag_begin = 0, own_flag_count = 0;
   bool silent = false;  // fault injection: this rank sends nothing (tests)
 };
 

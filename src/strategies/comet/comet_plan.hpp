@@ -27,8 +27,9 @@
 // fixed size): [0, W) the rows of source q are in ExpertIn (as sequential's: q's dispatch raises
 // it, or with a dispatch once per rank r's placements), [W, 2W) q's rows have arrived in Received
 // (a dispatch once per rank), [2W, 2W + S W) split s has arrived from expert rank d
-// (2W + s W + d); then, raised by r's GEMMs, from band_flag one per band in row order (its
-// GEMM0 tiles), then one per split (its GEMM1 tiles).
+// (2W + s W + d); then, raised by r's GEMMs, one per split (its GEMM1 tiles; at a fixed place,
+// so that a GPU's GEMM1 raises them into an array the host sizes), then from band_flag one per
+// band in row order (its GEMM0 tiles).
 // Waits: [0, W) one per source in ring order (a band's sources are a run of them), then one per
 // band (GEMM1's tiles of the band), one per split (its sends), one per (split, expert rank) (a
 // split's reductions wait for its W), then the dispatch's own (received_wait_count).
@@ -140,6 +141,10 @@ TILEMOE_HOST_DEVICE inline std::uint32_t comet_arrival_flag(int world, int split
   return static_cast<std::uint32_t>(2 * world + split * world + q);
 }
 TILEMOE_HOST_DEVICE inline std::uint32_t comet_received_flag(int world, int q) { return static_cast<std::uint32_t>(world + q); }
+// The flag rank r's GEMM1 raises once per tile of split s: the same place whatever the routing.
+TILEMOE_HOST_DEVICE inline std::uint32_t comet_split_flag(int world, int splits, int split) {
+  return comet_segment_flags(world, splits) + static_cast<std::uint32_t>(split);
+}
 
 TILEMOE_HOST_DEVICE inline CometSummary summarize_comet(const StepCounts& c, const CometShape& s, CometPrefix x) {
   const int W = c.world, L = c.local_experts;
@@ -156,9 +161,9 @@ TILEMOE_HOST_DEVICE inline CometSummary summarize_comet(const StepCounts& c, con
   m.chunks = ceil_div64(s.gemm.tokens, s.gemm.combine_tokens);
   m.combines = m.chunks * m.splits;
   m.arrival_flag = comet_arrival_flag(W, 0, 0);
-  m.band_flag = comet_segment_flags(W, m.splits);
-  m.split_flag = m.band_flag + u(m.bands);
-  m.flag_count = m.split_flag + u(m.splits);
+  m.split_flag = comet_split_flag(W, m.splits, 0);
+  m.band_flag = m.split_flag + u(m.splits);
+  m.flag_count = m.band_flag + u(m.bands);
   m.band_wait = u(W);
   m.split_wait = m.band_wait + u(m.bands);
   m.arrival_wait = m.split_wait + u(m.splits);

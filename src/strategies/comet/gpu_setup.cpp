@@ -26,17 +26,18 @@ std::int64_t comet_gpu_split_cols(std::int64_t hidden, const CometOptions& optio
 CometGpuSchedule comet_gpu_schedule(const CometGpuShape& s, const CometOptions& options) {
   CometGpuSchedule schedule;
   schedule.split_cols = comet_gpu_split_cols(s.hidden, options);
-  // a dispatch CTA keeps GEMM0 off its SM (their registers do not fit together): ranks sharing
-  // the SMs each leave their dispatch's SMs free
+  // an exchange CTA keeps a GEMM off its SM (their registers do not fit together): ranks sharing
+  // the SMs each leave their exchange's SMs free (the dispatch's and the splits' sends are grids of
+  // the same size)
   const int per_sm = std::max(1, s.dispatch_ctas_per_sm);
   const int dispatch_sms = (s.dispatch_ctas + per_sm - 1) / per_sm;
-  schedule.gemm0_sm_limit = (s.sm_count - dispatch_sms * std::max(1, s.sharing)) / 2 * 2;
-  if (schedule.gemm0_sm_limit < 2) {
+  schedule.gemm_sm_limit = (s.sm_count - dispatch_sms * std::max(1, s.sharing)) / 2 * 2;
+  if (schedule.gemm_sm_limit < 2) {
     throw_bad_input("comet: the dispatch's " + std::to_string(s.dispatch_ctas) + " CTAs x " + std::to_string(std::max(1, s.sharing)) +
-                    " rank(s) leave GEMM0 less than one 2-SM cluster of the " + std::to_string(s.sm_count) +
+                    " rank(s) leave the GEMMs less than one 2-SM cluster of the " + std::to_string(s.sm_count) +
                     " SMs: use fewer exchange CTAs per peer, or another strategy");
   }
-  schedule.note = "GEMM0 on " + std::to_string(schedule.gemm0_sm_limit) + " SMs beside the dispatch, GEMM1 in splits of " +
+  schedule.note = "GEMMs on " + std::to_string(schedule.gemm_sm_limit) + " SMs beside the exchange, GEMM1 in splits of " +
                   std::to_string(schedule.split_cols) + " columns";
   return schedule;
 }

@@ -1,7 +1,7 @@
 #pragma once
 // comet's decisions for one rank's layer on the GPU, taken once when the layer is built: the
-// column split of layer 1 and the SMs GEMM0 leaves to the dispatch that runs beside it. The
-// layer asks and obeys.
+// column split of layer 1 and the SMs the GEMMs leave to the exchange that runs beside them (the
+// dispatch beside GEMM0, the splits' sends beside GEMM1). The layer asks and obeys.
 #include <cstdint>
 #include <string>
 
@@ -20,7 +20,7 @@ struct CometGpuShape {
 
 struct CometGpuSchedule {
   std::int64_t split_cols = 0;  // GEMM1 columns per split: a multiple of the planned GEMM's 256-column tile
-  int gemm0_sm_limit = 0;       // SMs GEMM0 may use; the others run the dispatch beside it
+  int gemm_sm_limit = 0;        // SMs each GEMM may use; the others run the exchange beside it
   // The dispatch sends to one rank after another in the ring's order, each with the whole link
   // (SegmentCopyArgs::serial_sends), so that a rank's sources land one after another, r + 1's
   // first, and GEMM0 works through them as they come; sent all at once, every source's rows land
@@ -39,8 +39,8 @@ int comet_exchange_ctas_per_peer(int sm_count, int sharing, int resident_ctas_pe
 // in whole pairs of tiles (512 columns: the 1x2 pairs then have no padding mates).
 std::int64_t comet_gpu_split_cols(std::int64_t hidden, const CometOptions& options);
 
-// Bad input, saying what to change, for a bad split (above) or SMs too few to run GEMM0 beside
-// the dispatch.
+// Bad input, saying what to change, for a bad split (above) or SMs too few to run the GEMMs beside
+// the exchange.
 CometGpuSchedule comet_gpu_schedule(const CometGpuShape& shape, const CometOptions& options);
 
 }  // namespace tilemoe::cuda
