@@ -17,6 +17,7 @@
 #include "kernels/moe_kernels.hpp"
 #include "exec/cuda/arrival_combine.hpp"
 #include "exec/cuda/band_consumer.hpp"
+#include "exec/cuda/plan_combine.hpp"
 #include "exec/cuda/segment_copy.hpp"
 #include "exec/cuda/send_lists.hpp"
 #include "exec/cuda/input_scale.hpp"
@@ -156,7 +157,8 @@ struct EpMoeLayer::Impl : LayerRouting {
   DeviceArray<unsigned> split_flags;
   cudaStream_t consumer = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
-  int combine_ctas = 0;  // the owner's token-by-token combine: a persistent grid whose CTAs may all wait
+  int combine_ctas = 0;  // the owner's combine as rows land (tile_signal's token by token, comet's split by split): a
+                         // persistent grid whose CTAs may all wait
   TileSignalGpuSchedule schedule;  // tile_signal's split and GEMM1 order, as the strategy chose them
   CometGpuSchedule comet;          // comet's column split and GEMM0's SMs, as the strategy chose them
   std::string split_note;          // how the split was chosen, for description()
@@ -463,6 +465,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
         comet_device_prefix(world, local_experts, plan_detail::comet_splits(plan_shape)));
     split_flags = DeviceArray<unsigned>(static_cast<std::size_t>(plan_detail::comet_splits(plan_shape)));
     consumer = t.stream(RankStream::Consumer);  // the dispatch beside GEMM0, the splits' sends beside GEMM1
+    // the combine after GEMM1 waits for each split: sized as tile_signal's arrival combine (below)
+    combine_ctas = sharing > 1 ? ctas_per_peer * world : plan_combine_ctas_per_sm() * t.sm_count();
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   } else if (options.strategy == Strategy::TileSignal) {
@@ -917,7 +921,8 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         TILEMOE_CUDA_CHECK(cudaMemsetAsync(m.split_flags.data(), 0, m.split_flags.count() * sizeof(unsigned), stream));
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.fork, stream));
         TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
-        SegmentCopyArgs sends = m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, m.combine_segments(), input, T);
+        // (the combine after GEMM1 waits for each split's arrival itself)
+        SegmentCopyArgs sends = m.segment_args(SegmentDrain::None, dispatch_segments, m.combine_segments(), input, T);
         sends.own_flags = m.split_flags.data();
         sends.own_flag_begin = m.split_flag();
         sends.own_flag_count = static_cast<std::uint32_t>(m.split_flags.count());
@@ -950,11 +955,26 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       launch_arrival_combine(stream, view, combine);
       // the step ends with its consumer: the next step's GEMM1 resets the flags it reads
       TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
+    } else if (m.is_comet()) {  // the splits' sends run beside GEMM1; the plan's combine waits for each split
+      mark(kEpCombine);
+      PlanCombineArgs combine;
+      combine.layout = m.layout;
+      combine.epoch = m.epoch.data();
+      combine.plan = m.device_plan->view();
+      combine.signals_per_count = m.ctas_per_peer;
+      combine.weight = m.combine_weight();
+      combine.row_of_slot = m.row_of_slot.data();
+      combine.tokens = T;
+      combine.top_k = k;
+      combine.hidden = H;
+      combine.ctas = m.combine_ctas;
+      combine.output = output;
+      launch_plan_combine(stream, view, combine);
+      // the step ends with the sends: the next step's GEMM1 resets the flags they wait for
+      TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
     } else {
       if (m.direct) {
         // the FFN's output rows are the returned rows
-      } else if (m.is_comet()) {  // the splits' sends ran beside GEMM1 and ended once every split had arrived
-        TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
       } else if (m.exchange_walks_plan) {  // sequential's combine segments follow its dispatch's
         launch_segment_copy(stream, view, m.segment_args(SegmentDrain::CombineTasks, dispatch_segments, m.combine_segments(), input, T));
       } else {
