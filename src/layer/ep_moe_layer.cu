@@ -100,6 +100,7 @@ struct EpMoeLayer::Impl : LayerRouting {
   RankTransport* transport = nullptr;
   EpMoeLayerOptions options;
   int world = 1, rank = 0, local_experts = 0, device = 0, ctas_per_peer = 1;
+  int exchange_cta_threads = kEpExchangeThreads;  // the segment copy's CTA (narrow beside comet's GEMMs)
   EpRegionLayout layout;
   DispatchVolume volume = DispatchVolume::RowPerExpert;  // as resolved for this world (every rank the same)
   cudaStream_t own = nullptr;  // the world's set-up stream: set-up and read-backs that must not wait for the peers' kernels
@@ -359,8 +360,11 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   exchange_shape.world = world;
   exchange_shape.sm_count = t.sm_count();
   exchange_shape.sharing = sharing;
-  exchange_shape.resident_ctas_per_sm = segment_copy_ctas_per_sm();
-  const int requested_ctas = o.strategy == Strategy::Comet && o.exchange_ctas_per_peer == 0
+  // comet's exchange runs beside its GEMMs in narrow CTAs, packed onto as few SMs as it can
+  const bool beside_gemms = world_strategy(o, world) == Strategy::Comet;
+  exchange_cta_threads = beside_gemms ? kSegmentCopyNarrowThreads : kEpExchangeThreads;
+  exchange_shape.resident_ctas_per_sm = segment_copy_ctas_per_sm(exchange_cta_threads);
+  const int requested_ctas = beside_gemms && o.exchange_ctas_per_peer == 0
                                  ? comet_exchange_ctas_per_peer(t.sm_count(), sharing, exchange_shape.resident_ctas_per_sm, world)
                                  : o.exchange_ctas_per_peer;
   ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, requested_ctas);
@@ -657,6 +661,7 @@ SegmentCopyArgs EpMoeLayer::Impl::segment_args(SegmentDrain drain, int first, in
   a.buffers[static_cast<int>(BufferId::CombineIn)] = {nullptr, layout.returned_rows, slots};
   a.hidden = static_cast<int>(config.hidden);
   a.ctas_per_peer = ctas_per_peer;
+  a.cta_threads = exchange_cta_threads;
   a.drain = drain;
   a.silent = harness.silent || harness.silent_rows;
   return a;
