@@ -739,10 +739,12 @@ void layer_variant_on_every_rank(const char* what, const EpWorld& world, const E
   const cases::OracleErrors e = cases::oracle_errors(world, step.inputs, routing, weights, out[0], cases::kBf16Tolerance);
   expect(e.within_tolerance(), std::string(what) + ": the outputs against the CPU executor and fp64 (" + e.describe() + ")");
   bool same = true;
+  std::string which = "a row per expert";
   for (std::size_t v = 1; v < variants.size(); ++v) {
     for (std::size_t r = 0; r < 4; ++r) same = same && out[0][r].bitwise_equal(out[v][r]);
+    if (variants[v].strategy != Strategy::Sequential) (which += ", ") += strategy_name(variants[v].strategy);
   }
-  expect(same, std::string(what) + ": a row per expert, tile_signal and comet give the sequential output bitwise");
+  expect(same, std::string(what) + ": " + which + " give the sequential output bitwise");
 }
 
 // The GShard capacity rule (routing.hpp), a gated shared expert, Llama-4's input scaling and
