@@ -10,7 +10,6 @@ namespace tilemoe::cuda {
 
 namespace {
 
-
 // The destination of CTA group g: the next ranks first and this rank last.
 __device__ inline int destination_of_group(int group, int rank, int world) { return (rank + 1 + group) % world; }
 
