@@ -275,17 +275,9 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   if (!remote_peers) f.add(receive_room * H, sizeof(__nv_bfloat16));  // y
   const bool may_overlap = strategy == Strategy::TileSignal || strategy == Strategy::Auto;
   f.add(ExpertFfn::device_bytes(c, local_experts, layout.receive_capacity, options.gemm));
-  // the planned GEMMs and the device exchange walk the step's device-built plan (tile_signal's
-  // room holds the sequential one)
+  // the planned GEMMs and the device exchange walk the step's device-built plan
   const plan_detail::SequentialShape plan_shape = plan_detail::gpu_sequential_shape(c, 0, c.tokens, volume);
-  // (auto may end up sequential: room for either then, table by table)
-  plan_detail::PlanCapacity plan_room =
-      plan_detail::sequential_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
-  if (may_overlap) {
-    const plan_detail::PlanCapacity overlap_room =
-        plan_detail::tile_signal_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
-    for (std::size_t t = 0; t < plan_room.entries.size(); ++t) plan_room.entries[t] = std::max(plan_room.entries[t], overlap_room.entries[t]);
-  }
+  plan_detail::PlanCapacity plan_room;
   int extra_prefix = 0;
   if (strategy == Strategy::Comet) {  // comet's room alone: it runs no other strategy
     const std::int64_t split = comet_gpu_split_cols(c.hidden, options.comet);
@@ -293,6 +285,13 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
     plan_room = plan_detail::comet_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, comet_shape);
     extra_prefix = comet_device_prefix(world, static_cast<int>(local_experts), plan_detail::comet_splits(comet_shape));
     f.add(static_cast<std::size_t>(plan_detail::comet_splits(comet_shape)), sizeof(unsigned));  // split_flags
+  } else {  // tile_signal's room holds the sequential one; auto may end up either: room for both, table by table
+    plan_room = plan_detail::sequential_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
+    if (may_overlap) {
+      const plan_detail::PlanCapacity overlap_room =
+          plan_detail::tile_signal_capacity(world, static_cast<int>(local_experts), layout.receive_capacity, c.tokens, plan_shape);
+      for (std::size_t t = 0; t < plan_room.entries.size(); ++t) plan_room.entries[t] = std::max(plan_room.entries[t], overlap_room.entries[t]);
+    }
   }
   const bool walks_plan = options.gemm == GemmPath::Planned || (options.dispatch == DispatchPath::Device && !direct);
   if (walks_plan) f.add(DevicePlanTables::device_bytes(plan_room, world, static_cast<int>(c.num_experts), extra_prefix));
