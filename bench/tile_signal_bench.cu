@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json") && i + 1 < argc) json_path = argv[++i];
     // --trace PREFIX: per shape, tokens and ranks the first overlapped variant's last step, to
-    // PREFIX-<shape>-<tokens>x<ranks>.json
+    // PREFIX-<shape>-<tokens>x<ranks>.json, and the first comet variant's to ...-comet.json
     if (!std::strcmp(argv[i], "--trace") && i + 1 < argc) trace_path = argv[++i];
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--transport") && i + 1 < argc) nccl = std::strcmp(argv[++i], "nccl") == 0;
@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
                                                             std::to_string(static_cast<int>(world_options.link_gbps + 0.5)) + " GB/s";
           // balanced routing sends about tokens x top_k rows to each rank: room for 1.5x that
           const std::int64_t receive_rows = static_cast<std::int64_t>(1.5 * tokens * shape.top_k);
-          bool traced = false;
+          bool traced = false, traced_comet = false;  // the first overlapped (tile_signal) and comet variants
           std::vector<std::vector<std::uint16_t>> sequential_output(static_cast<std::size_t>(n));  // per rank of this process
           double sequential_ms = 0, row_per_expert_ms = 0;
           std::string out_of_memory;  // set once a variant of this case did not fit: the others are skipped
@@ -415,10 +415,12 @@ int main(int argc, char** argv) {
               baseline_ms = row_per_expert_ms > 0 ? row_per_expert_ms : layer_ms;
             } else {
               if (!res.bitwise) ++failures;
-              if (overlapped && !traced && !trace_path.empty()) {
-                const std::string where = std::string(shape.name) + "-" + std::to_string(tokens) + "x" + std::to_string(n);
+              const bool comet = v.strategy == Strategy::Comet;
+              if ((comet ? !traced_comet : overlapped && !traced) && !trace_path.empty()) {
+                const std::string where =
+                    std::string(shape.name) + "-" + std::to_string(tokens) + "x" + std::to_string(n) + (comet ? "-comet" : "");
                 if (reporter) write_device_trace(trace_path + "-" + where + ".json", where + " " + res.how, res.spans);
-                traced = true;
+                (comet ? traced_comet : traced) = true;
               }
             }
             if (!overlapped) res.hidden = 0;

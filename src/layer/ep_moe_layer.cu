@@ -185,8 +185,9 @@ struct EpMoeLayer::Impl : LayerRouting {
     return plan_detail::gpu_comet_shape(config, rank, tokens, volume, comet.split_cols, layout.receive_capacity);
   }
   bool is_comet() const { return options.strategy == Strategy::Comet; }
-  // record_trace: GEMM1's tile times and the consumer's unit times of the last forward
-  DeviceArray<unsigned long long> tile_times, unit_times;
+  // record_trace: the GEMMs' tile times (each indexed within its GEMM) and the consumer's unit
+  // times of the last forward
+  DeviceArray<unsigned long long> gemm0_tile_times, gemm1_tile_times, unit_times;
 
   void init(const MoeConfig& c, RankTransport& t, EpMoeLayerOptions o, EpMoeLayerHarness h);
   void agree_on_settings(bool split_chosen_here);
@@ -300,7 +301,7 @@ std::size_t EpMoeLayer::device_bytes(const MoeConfig& c, int world, const EpMoeL
   if (may_overlap) f.add(band_room, sizeof(unsigned));  // band_flags
   if (shared_expert_ffn > 0) f.add(SharedExpertFfn::device_bytes(c, shared_expert_ffn, c.tokens));
   if (options.record_trace) {
-    f.add(2 * static_cast<std::size_t>(plan_room.entries[plan_detail::kTilesTable]), sizeof(unsigned long long));  // tile_times
+    f.add(4 * static_cast<std::size_t>(plan_room.entries[plan_detail::kTilesTable]), sizeof(unsigned long long));  // gemm*_tile_times
     if (may_overlap) f.add(3 * band_room, sizeof(unsigned long long));                                              // unit_times
   }
   return f.bytes();
@@ -506,7 +507,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   if (o.record_trace) {
     if (o.gemm != GemmPath::Planned) throw_bad_input("device traces need the planned GEMM (its tile times)");
     const std::size_t entries = device_plan->capacity().entries[plan_detail::kTilesTable];
-    tile_times = DeviceArray<unsigned long long>(2 * std::max<std::size_t>(entries, 1));
+    gemm0_tile_times = DeviceArray<unsigned long long>(2 * std::max<std::size_t>(entries, 1));
+    gemm1_tile_times = DeviceArray<unsigned long long>(2 * std::max<std::size_t>(entries, 1));
     if (options.strategy == Strategy::TileSignal) unit_times = DeviceArray<unsigned long long>(3 * band_flags.count());
   }
 }
@@ -899,7 +901,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         tile_waits.epoch = m.epoch.data();
         tile_waits.signals_per_count = static_cast<std::uint32_t>(m.ctas_per_peer);
       }
-      m.ffn->run_gemm0(stream, m.local_row_offset.data(), rows, bound, tile_waits);
+      m.ffn->run_gemm0(stream, m.local_row_offset.data(), rows, bound, tile_waits, m.gemm0_tile_times.data());
       mark(kEpActivation);
       m.ffn->run_activation(stream, bound);
       mark(kEpGemm1);
@@ -936,7 +938,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       unsigned* gemm1_flags = overlap ? m.band_flags.data() : m.is_comet() ? m.split_flags.data() : nullptr;
       const std::uint32_t gemm1_flag = m.is_comet() ? m.split_flag() : m.band_flag();
       m.ffn->run_gemm1(stream, m.local_row_offset.data(), bound, m.ffn_out(), gemm1_flags, static_cast<int>(gemm1_flag),
-                       m.tile_times.data());
+                       m.gemm1_tile_times.data());
     } else {
       for (int stage : {kEpGemm0, kEpActivation, kEpGemm1}) mark(stage);
     }
@@ -1075,13 +1077,15 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
   const std::size_t per = static_cast<std::size_t>(m.schedule.bands_per_segment * N);
   const std::size_t pieces = overlap ? plan.segments.size() - static_cast<std::size_t>(first_piece) : 0;
   const std::size_t units = (pieces + per - 1) / std::max<std::size_t>(per, 1);
-  std::vector<unsigned long long> tiles(2 * plan.tiles.size()), times(3 * units);
-  if (!tiles.empty()) {
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(tiles.data(), m.tile_times.data(), tiles.size() * sizeof(tiles[0]), cudaMemcpyDeviceToHost, m.own));
-  }
-  if (!times.empty()) {
-    TILEMOE_CUDA_CHECK(cudaMemcpyAsync(times.data(), m.unit_times.data(), times.size() * sizeof(times[0]), cudaMemcpyDeviceToHost, m.own));
-  }
+  const auto gemm0 = static_cast<std::size_t>(
+      std::count_if(plan.tiles.begin(), plan.tiles.end(), [](const GemmTile& t) { return t.layer == 0; }));
+  std::vector<unsigned long long> tiles0(2 * gemm0), tiles1(2 * (plan.tiles.size() - gemm0)), times(3 * units);
+  const auto download = [&](std::vector<unsigned long long>& to, const DeviceArray<unsigned long long>& from) {
+    if (!to.empty()) TILEMOE_CUDA_CHECK(cudaMemcpyAsync(to.data(), from.data(), to.size() * sizeof(to[0]), cudaMemcpyDeviceToHost, m.own));
+  };
+  download(tiles0, m.gemm0_tile_times);
+  download(tiles1, m.gemm1_tile_times);
+  download(times, m.unit_times);
   m.wait_for_own("the last step's times");
   // whether expert rows [lo, hi) hold rows of another rank: rows the plan ships back to a peer
   auto remote = [&](std::int64_t lo, std::int64_t hi) {
@@ -1091,24 +1095,26 @@ std::vector<DeviceSpan> EpMoeLayer::last_trace(cudaStream_t stream) const {
     return false;
   };
   std::vector<DeviceSpan> spans;
-  const int clusters = std::max(m.ffn->gemm1_grid_ctas() / 2, 1);
-  const auto gemm0 = static_cast<std::size_t>(
-      std::count_if(plan.tiles.begin(), plan.tiles.end(), [](const GemmTile& t) { return t.layer == 0; }));
-  for (std::size_t i = gemm0; i < plan.tiles.size(); ++i) {  // GEMM1's (its times are indexed within GEMM1)
-    const GemmTile& t = plan.tiles[i];
-    const std::size_t k = i - gemm0;
-    if (t.row_end == t.row_begin) continue;
-    DeviceSpan s;
-    s.rank = m.rank;
-    s.track = "GEMM1 tiles";
-    s.lane = static_cast<int>(((k / 2) % static_cast<std::size_t>(clusters)) * 2 + k % 2);  // cluster c runs items c, c + C, ...
-    s.label = "expert " + std::to_string(m.rank * L + t.expert) + " rows " + std::to_string(t.row_begin) + "+" +
-              std::to_string(t.row_end - t.row_begin) + " cols " + std::to_string(t.col_begin);
-    s.start_ns = tiles[2 * k];
-    s.end_ns = tiles[2 * k + 1];
-    s.remote = remote(t.row_begin, t.row_end);
-    spans.push_back(std::move(s));
-  }
+  // a GEMM's tiles (its times are indexed within it): comet's GEMM0 tiles start as their rows land
+  const auto add_tiles = [&](const char* track, std::size_t first, const std::vector<unsigned long long>& at, int grid_ctas) {
+    const auto clusters = static_cast<std::size_t>(std::max(grid_ctas / 2, 1));
+    for (std::size_t k = 0; 2 * k < at.size(); ++k) {
+      const GemmTile& t = plan.tiles[first + k];
+      if (t.row_end == t.row_begin) continue;
+      DeviceSpan s;
+      s.rank = m.rank;
+      s.track = track;
+      s.lane = static_cast<int>(((k / 2) % clusters) * 2 + k % 2);  // cluster c runs items c, c + C, ...
+      s.label = "expert " + std::to_string(m.rank * L + t.expert) + " rows " + std::to_string(t.row_begin) + "+" +
+                std::to_string(t.row_end - t.row_begin) + " cols " + std::to_string(t.col_begin);
+      s.start_ns = at[2 * k];
+      s.end_ns = at[2 * k + 1];
+      s.remote = remote(t.row_begin, t.row_end);
+      spans.push_back(std::move(s));
+    }
+  };
+  add_tiles("GEMM0 tiles", 0, tiles0, m.ffn->gemm0_grid_ctas());
+  add_tiles("GEMM1 tiles", gemm0, tiles1, m.ffn->gemm1_grid_ctas());
   for (std::size_t u = 0; u < units; ++u) {
     DeviceSpan s;
     s.rank = m.rank;

@@ -200,6 +200,7 @@ std::string ExpertFfn::description() const {
   return std::string("stock ") + gemm_config_name(m.gemm0->config());
 }
 
+int ExpertFfn::gemm0_grid_ctas() const { return impl_->planned0 ? impl_->planned0->grid_ctas() : 0; }
 int ExpertFfn::gemm1_grid_ctas() const { return impl_->planned1 ? impl_->planned1->grid_ctas() : 0; }
 
 int ExpertFfn::Impl::checked_rows(std::int64_t rows_bound) const {
@@ -210,7 +211,7 @@ int ExpertFfn::Impl::checked_rows(std::int64_t rows_bound) const {
 }
 
 void ExpertFfn::run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
-                          const PlannedTileWaits& tile_waits) {
+                          const PlannedTileWaits& tile_waits, unsigned long long* gemm0_tile_times) {
   Impl& m = *impl_;
   const int E = static_cast<int>(m.experts), H = static_cast<int>(m.layer.hidden);
   const int a_rows = m.checked_rows(rows_bound);
@@ -218,6 +219,7 @@ void ExpertFfn::run_gemm0(cudaStream_t stream, const int* row_offset, const __nv
     // the activation is fused: GEMM0 writes act directly
     PlannedGemmRun r = m.planned_run(0, rows, a_rows, w0_.data(), m.act.data(), static_cast<int>(m.gemm0_n), H);
     r.tile_waits = tile_waits;
+    r.tile_times = gemm0_tile_times;
     m.planned0->run(stream, r);
   } else {
     if (tile_waits.counter_flags > 0) throw_internal("the stock GEMM has no tile waits");

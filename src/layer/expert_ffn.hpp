@@ -54,9 +54,10 @@ class ExpertFfn {
   // the planned path after the plan's compile); a caller records its stage events, or starts
   // concurrent work, between them.
   // GEMM0, with the activation fused on the planned path; `tile_waits` (planned path): the
-  // plan's waits its tiles wait for in the GEMM, while a concurrent dispatch lands their rows.
+  // plan's waits its tiles wait for in the GEMM, while a concurrent dispatch lands their rows;
+  // `gemm0_tile_times` (device, 2 per GEMM0 tile of the plan) as GEMM1's below.
   void run_gemm0(cudaStream_t stream, const int* row_offset, const __nv_bfloat16* rows, std::int64_t rows_bound,
-                 const PlannedTileWaits& tile_waits = {});
+                 const PlannedTileWaits& tile_waits = {}, unsigned long long* gemm0_tile_times = nullptr);
   // The activation: a kernel of its own on the stock path, nothing on the planned path.
   void run_activation(cudaStream_t stream, std::int64_t rows_bound);
   // GEMM1 into y. The flags its plan's tiles raise (plan flags [gemm1_flag_offset, ...)) land
@@ -65,7 +66,8 @@ class ExpertFfn {
   void run_gemm1(cudaStream_t stream, const int* row_offset, std::int64_t rows_bound, __nv_bfloat16* y,
                  unsigned* gemm1_flags = nullptr, int gemm1_flag_offset = 0, unsigned long long* gemm1_tile_times = nullptr);
 
-  int gemm1_grid_ctas() const;  // the persistent GEMM1's CTAs (cluster c takes items c, c + C, ...)
+  int gemm0_grid_ctas() const;  // the persistent GEMMs' CTAs (cluster c takes items c, c + C, ...)
+  int gemm1_grid_ctas() const;
 
   const __nv_bfloat16* weights0() const { return w0_.data(); }  // [experts][gemm0_n][hidden]
   const __nv_bfloat16* weights2() const { return w2_.data(); }  // [experts][hidden][ffn]

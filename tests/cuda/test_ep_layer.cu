@@ -591,9 +591,10 @@ void device_memory_estimates_hold() {
   std::printf("device memory estimate\n");
   const MoeConfig config{.tokens = 2048, .hidden = 2048, .ffn_hidden = 2048, .num_experts = 8, .top_k = 2};
   const int ranks = 4;
-  for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal}) {
+  for (const Strategy strategy : {Strategy::Sequential, Strategy::TileSignal, Strategy::Comet}) {
     for (const cuda::DispatchPath path : {cuda::DispatchPath::Device, cuda::DispatchPath::Host}) {
-      if (strategy == Strategy::TileSignal && (path == cuda::DispatchPath::Host || !with_tile_signal)) continue;
+      if (strategy != Strategy::Sequential && path == cuda::DispatchPath::Host) continue;  // (the device dispatch's strategies)
+      if (strategy == Strategy::TileSignal && !with_tile_signal) continue;
       cuda::EpMoeLayerOptions options;
       options.dispatch = path;
       options.strategy = strategy;
