@@ -450,12 +450,24 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   }
   if (options.strategy == Strategy::Comet) {
     CometGpuShape comet_shape;
+    comet_shape.tokens = c.tokens;
     comet_shape.hidden = c.hidden;
+    comet_shape.ffn_hidden = c.ffn_hidden;
+    comet_shape.experts = c.num_experts;
+    comet_shape.top_k = c.top_k;
+    comet_shape.world = world;
+    comet_shape.once_per_rank = once_per_rank();
     comet_shape.sm_count = t.sm_count();
     comet_shape.sharing = sharing;
     comet_shape.dispatch_ctas = world * ctas_per_peer;
     comet_shape.dispatch_ctas_per_sm = exchange_shape.resident_ctas_per_sm;
-    comet = comet_gpu_schedule(comet_shape, o.comet);
+    comet_shape.dispatch_cta_share = static_cast<double>(exchange_cta_threads) / kEpExchangeThreads;
+    ExchangeShape alone = exchange_shape;  // the sequential strategy's exchange, for the model's baseline
+    alone.resident_ctas_per_sm = segment_copy_ctas_per_sm(kEpExchangeThreads);
+    comet_shape.sequential_exchange_ctas = world * choose_exchange_ctas_per_peer(alone, 0);
+    comet_shape.link_bytes_per_s = t.link_bytes_per_s();
+    const int dev = device;
+    comet = comet_gpu_schedule(comet_shape, o.comet, [dev]() -> const GpuRates& { return gpu_rates(dev); });
     split_note = comet.note;
   }
   agree_on_settings(split_chosen_here);

@@ -1,7 +1,9 @@
 #include "gpu_setup.hpp"
 
 #include <algorithm>
+#include <cstdio>
 
+#include "cost_model.hpp"
 #include "plan/gpu_tables.hpp"
 #include "tilemoe/error.hpp"
 
@@ -23,7 +25,36 @@ std::int64_t comet_gpu_split_cols(std::int64_t hidden, const CometOptions& optio
   return options.split_cols > 0 ? options.split_cols : std::max(kPair, (quarter + kPair - 1) / kPair * kPair);
 }
 
-CometGpuSchedule comet_gpu_schedule(const CometGpuShape& s, const CometOptions& options) {
+namespace {
+
+// What the cost model needs of the shape, under balanced routing: each rank receives about
+// tokens x top_k expert rows, and a token's top_k distinct experts miss a given rank's L with
+// probability C(E - L, k) / C(E, k).
+CometCostProblem cost_problem(const CometGpuShape& s, const CometGpuSchedule& schedule) {
+  const double rows = static_cast<double>(s.tokens * s.top_k), row_bytes = 2.0 * static_cast<double>(s.hidden);
+  const double remote = static_cast<double>(s.world - 1) / s.world;
+  const std::int64_t local = s.experts / std::max(1, s.world);
+  double miss = 1.0;
+  for (std::int64_t i = 0; i < s.top_k; ++i) miss *= static_cast<double>(std::max<std::int64_t>(s.experts - local - i, 0)) / (s.experts - i);
+  const double dispatch_rows = s.once_per_rank ? static_cast<double>(s.tokens) * s.world * (1.0 - miss) : rows;
+  CometCostProblem p;
+  p.gemm0_flops = 2.0 * rows * static_cast<double>(s.hidden) * 2.0 * static_cast<double>(s.ffn_hidden);  // gate and up
+  p.gemm1_flops = 2.0 * rows * static_cast<double>(s.ffn_hidden) * static_cast<double>(s.hidden);
+  p.dispatch_bytes = dispatch_rows * remote * row_bytes;
+  p.combine_bytes = rows * remote * row_bytes;
+  p.link_bytes_per_s = s.link_bytes_per_s;
+  p.world = s.world;
+  p.splits = static_cast<int>((s.hidden + schedule.split_cols - 1) / schedule.split_cols);
+  p.sms = std::max(1, s.sm_count / std::max(1, s.sharing));  // ranks sharing the SMs share the GEMM rate too
+  p.gemm_sms = std::max(1, std::min(p.sms, schedule.gemm_sm_limit / std::max(1, s.sharing)));
+  p.exchange_ctas = s.dispatch_ctas * s.dispatch_cta_share;
+  p.sequential_ctas = std::max(1, s.sequential_exchange_ctas);
+  return p;
+}
+
+}  // namespace
+
+CometGpuSchedule comet_gpu_schedule(const CometGpuShape& s, const CometOptions& options, const std::function<const GpuRates&()>& rates) {
   CometGpuSchedule schedule;
   schedule.split_cols = comet_gpu_split_cols(s.hidden, options);
   // an exchange CTA keeps a GEMM off its SM (their registers do not fit together): ranks sharing
@@ -39,6 +70,14 @@ CometGpuSchedule comet_gpu_schedule(const CometGpuShape& s, const CometOptions& 
   }
   schedule.note = "GEMMs on " + std::to_string(schedule.gemm_sm_limit) + " SMs beside the exchange, GEMM1 in splits of " +
                   std::to_string(schedule.split_cols) + " columns";
+  if (rates && s.world > 1 && s.tokens > 0) {
+    const CometCost cost = comet_cost(cost_problem(s, schedule), rates());
+    schedule.predicted_ms = cost.comet_ms;
+    schedule.sequential_ms = cost.sequential_ms;
+    char model[96];
+    std::snprintf(model, sizeof model, "; model %.3f ms vs sequential %.3f ms", cost.comet_ms, cost.sequential_ms);
+    schedule.note += model;
+  }
   return schedule;
 }
 

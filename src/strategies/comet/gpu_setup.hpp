@@ -3,19 +3,27 @@
 // column split of layer 1 and the SMs the GEMMs leave to the exchange that runs beside them (the
 // dispatch beside GEMM0, the splits' sends beside GEMM1). The layer asks and obeys.
 #include <cstdint>
+#include <functional>
 #include <string>
 
+#include "tilemoe/gpu_rates.hpp"
 #include "tilemoe/strategy_options.hpp"
 
 namespace tilemoe::cuda {
 
 // What the layer knows of the rank's step and GPU.
 struct CometGpuShape {
-  std::int64_t hidden = 0;
+  std::int64_t tokens = 0;     // the most tokens a rank forwards per step
+  std::int64_t hidden = 0, ffn_hidden = 0, experts = 0, top_k = 1;
+  int world = 2;
+  bool once_per_rank = true;   // the dispatch's volume: a token once per destination rank, or a row per expert
   int sm_count = 0;            // SMs the rank's kernels run on
   int sharing = 1;             // ranks sharing those SMs (virtual ranks)
   int dispatch_ctas = 0;       // the dispatch grid's CTAs (the exchange's CTAs per peer x ranks)
   int dispatch_ctas_per_sm = 1;  // of them, resident on one SM
+  double dispatch_cta_share = 1.0;  // a dispatch CTA's copy rate, in the calibrated CTA's
+  int sequential_exchange_ctas = 0;  // the exchange's CTAs where it runs alone (the sequential strategy's)
+  double link_bytes_per_s = 0.0;     // the rank's outgoing link; 0 = not the limit
 };
 
 struct CometGpuSchedule {
@@ -26,6 +34,7 @@ struct CometGpuSchedule {
   // first, and GEMM0 works through them as they come; sent all at once, every source's rows land
   // at the dispatch's end and GEMM0 could start only on the rank's own.
   bool serial_sends = true;
+  double predicted_ms = 0.0, sequential_ms = 0.0;  // the cost model's (cost_model.hpp) for this shape
   std::string note;             // for the layer's description
 };
 
@@ -41,6 +50,8 @@ std::int64_t comet_gpu_split_cols(std::int64_t hidden, const CometOptions& optio
 
 // Bad input, saying what to change, for a bad split (above) or SMs too few to run the GEMMs beside
 // the exchange.
-CometGpuSchedule comet_gpu_schedule(const CometGpuShape& shape, const CometOptions& options);
+// `rates` (which may calibrate the GPU) gives the cost model's predictions, or is empty: none.
+CometGpuSchedule comet_gpu_schedule(const CometGpuShape& shape, const CometOptions& options,
+                                    const std::function<const GpuRates&()>& rates = {});
 
 }  // namespace tilemoe::cuda
