@@ -65,9 +65,9 @@ TEST(CometCost, MoreSplitsShortenTheLastSplitsTail) {
 
 TEST(CometCost, ASlowExchangeIsTheLimit) {
   CometCostProblem p = deepseek_like();
-  p.exchange_ctas = 0.25;  // one narrow CTA: 11.9 GB/s, below the link
+  p.exchange_ctas = 0.125;  // half a narrow CTA's rate: 6 GB/s, far below the link and the GEMMs
   const CometCost c = comet_cost(p, h100_like());
-  const double d = 1e3 * 270e6 / (0.25 * 47.7e9), cb = 1e3 * 411e6 / (0.25 * 47.7e9);
+  const double d = 1e3 * 270e6 / (0.125 * 47.7e9), cb = 1e3 * 411e6 / (0.125 * 47.7e9);
   EXPECT_NEAR(c.comet_ms, (d + ms(p.gemm0_flops, 14) / 8) + (cb + ms(p.gemm1_flops, 14) / 4), 1e-9);
   EXPECT_GT(c.comet_ms, c.sequential_ms);
 }
