@@ -109,6 +109,8 @@ std::vector<MoeCase> build_registry() {
   }
   ep("mixtral-like", 4, 256, 1024, 1792, 8, 2);
   ep("hidden-8", 2, 7, 8, 8, 4, 2);
+  ep("top-k-equals-experts", 4, 33, 128, 128, 8, 8);  // every token on every rank, twice
+  ep("1024-experts", 4, 64, 128, 128, 1024, 8);       // 256 local experts, most of them without rows
   // every rank's GEMMs and consumer on one GPU at once, at a size that fills it (the oracle
   // checks a token sample there)
   ep("filling-the-gpu", 8, 2048, 2048, 1024, 16, 2);
