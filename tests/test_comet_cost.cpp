@@ -30,8 +30,9 @@ CometCostProblem deepseek_like() {
   p.splits = 4;
   p.sms = 16;
   p.gemm_sms = 14;
-  p.exchange_ctas = 16 * 0.25;
-  p.sequential_ctas = 8 * 4;
+  p.dispatch_ctas = 1;      // one destination at a time, a CTA per peer: 47.7 GB/s, over the link
+  p.combine_ctas = 7;
+  p.sequential_ctas = 7 * 4;
   return p;
 }
 
@@ -65,7 +66,7 @@ TEST(CometCost, MoreSplitsShortenTheLastSplitsTail) {
 
 TEST(CometCost, ASlowExchangeIsTheLimit) {
   CometCostProblem p = deepseek_like();
-  p.exchange_ctas = 0.125;  // half a narrow CTA's rate: 6 GB/s, far below the link and the GEMMs
+  p.dispatch_ctas = p.combine_ctas = 0.125;  // 6 GB/s: far below the link and the GEMMs
   const CometCost c = comet_cost(p, h100_like());
   const double d = 1e3 * 270e6 / (0.125 * 47.7e9), cb = 1e3 * 411e6 / (0.125 * 47.7e9);
   EXPECT_NEAR(c.comet_ms, (d + ms(p.gemm0_flops, 14) / 8) + (cb + ms(p.gemm1_flops, 14) / 4), 1e-9);

@@ -100,7 +100,6 @@ struct EpMoeLayer::Impl : LayerRouting {
   RankTransport* transport = nullptr;
   EpMoeLayerOptions options;
   int world = 1, rank = 0, local_experts = 0, device = 0, ctas_per_peer = 1;
-  int exchange_cta_threads = kEpExchangeThreads;  // the segment copy's CTA (narrow beside comet's GEMMs)
   EpRegionLayout layout;
   DispatchVolume volume = DispatchVolume::RowPerExpert;  // as resolved for this world (every rank the same)
   cudaStream_t own = nullptr;  // the world's set-up stream: set-up and read-backs that must not wait for the peers' kernels
@@ -360,11 +359,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   exchange_shape.world = world;
   exchange_shape.sm_count = t.sm_count();
   exchange_shape.sharing = sharing;
-  // comet's exchange runs beside its GEMMs in narrow CTAs, packed onto as few SMs as it can
-  const bool beside_gemms = world_strategy(o, world) == Strategy::Comet;
-  exchange_cta_threads = beside_gemms ? kSegmentCopyNarrowThreads : kEpExchangeThreads;
-  exchange_shape.resident_ctas_per_sm = segment_copy_ctas_per_sm(exchange_cta_threads);
-  const int requested_ctas = beside_gemms && o.exchange_ctas_per_peer == 0
+  exchange_shape.resident_ctas_per_sm = segment_copy_ctas_per_sm();
+  const int requested_ctas = o.strategy == Strategy::Comet && o.exchange_ctas_per_peer == 0
                                  ? comet_exchange_ctas_per_peer(t.sm_count(), sharing, exchange_shape.resident_ctas_per_sm, world)
                                  : o.exchange_ctas_per_peer;
   ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, requested_ctas);
@@ -459,12 +455,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     comet_shape.once_per_rank = once_per_rank();
     comet_shape.sm_count = t.sm_count();
     comet_shape.sharing = sharing;
-    comet_shape.dispatch_ctas = world * ctas_per_peer;
-    comet_shape.dispatch_ctas_per_sm = exchange_shape.resident_ctas_per_sm;
-    comet_shape.dispatch_cta_share = static_cast<double>(exchange_cta_threads) / kEpExchangeThreads;
-    ExchangeShape alone = exchange_shape;  // the sequential strategy's exchange, for the model's baseline
-    alone.resident_ctas_per_sm = segment_copy_ctas_per_sm(kEpExchangeThreads);
-    comet_shape.sequential_exchange_ctas = world * choose_exchange_ctas_per_peer(alone, 0);
+    comet_shape.exchange_ctas_per_peer = ctas_per_peer;
+    comet_shape.sequential_ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, 0);  // the model's baseline
     comet_shape.link_bytes_per_s = t.link_bytes_per_s();
     const int dev = device;
     comet = comet_gpu_schedule(comet_shape, o.comet, [dev]() -> const GpuRates& { return gpu_rates(dev); });
@@ -481,7 +473,7 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
         comet_device_prefix(world, local_experts, plan_detail::comet_splits(plan_shape)));
     split_flags = DeviceArray<unsigned>(static_cast<std::size_t>(plan_detail::comet_splits(plan_shape)));
     consumer = t.stream(RankStream::Consumer);  // the dispatch beside GEMM0, the splits' sends beside GEMM1
-    // the combine after GEMM1 waits for each split: sized as tile_signal's arrival combine (below)
+    // the combine, after this rank's sends, waits for each split from the others: sized as tile_signal's arrival combine (below)
     combine_ctas = sharing > 1 ? ctas_per_peer * world : plan_combine_ctas_per_sm() * t.sm_count();
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
     TILEMOE_CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
@@ -674,7 +666,6 @@ SegmentCopyArgs EpMoeLayer::Impl::segment_args(SegmentDrain drain, int first, in
   a.buffers[static_cast<int>(BufferId::CombineIn)] = {nullptr, layout.returned_rows, slots};
   a.hidden = static_cast<int>(config.hidden);
   a.ctas_per_peer = ctas_per_peer;
-  a.cta_threads = exchange_cta_threads;
   a.drain = drain;
   a.silent = harness.silent || harness.silent_rows;
   return a;
@@ -889,7 +880,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
           plan_detail::StepCounts{m.world, static_cast<int>(c.num_experts), m.local_experts, m.device_plan->offset(), m.device_plan->rank_row()},
           T);
       if (scales_input) launch_write_input_scales(stream, view, scales);  // with the rows' release, below
-      if (m.is_comet()) {  // beside GEMM0, whose tiles wait for their rows: forked off here, joined before the combine send
+      if (m.is_comet()) {  // beside GEMM0, whose tiles wait for their rows: forked off here; the splits' sends follow it there
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.fork, stream));
         TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
         SegmentCopyArgs dispatch = m.segment_args(SegmentDrain::None, 0, dispatch_segments, input, T);
@@ -974,6 +965,11 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       // the step ends with its consumer: the next step's GEMM1 resets the flags it reads
       TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
     } else if (m.is_comet()) {  // the splits' sends run beside GEMM1; the plan's combine waits for each split
+      // after this rank's sends have ended: a combine grid waiting for arrivals could otherwise
+      // fill the SMs before the sends (queued behind a long dispatch) start, and this rank's own
+      // rows, which it waits for too, would never be sent. The next step's GEMM1 then also resets
+      // flags nobody reads.
+      TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
       mark(kEpCombine);
       PlanCombineArgs combine;
       combine.layout = m.layout;
@@ -988,8 +984,6 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
       combine.ctas = m.combine_ctas;
       combine.output = output;
       launch_plan_combine(stream, view, combine);
-      // the step ends with the sends: the next step's GEMM1 resets the flags they wait for
-      TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(stream, m.join, 0));
     } else {
       if (m.direct) {
         // the FFN's output rows are the returned rows

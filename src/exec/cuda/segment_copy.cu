@@ -10,6 +10,9 @@ namespace tilemoe::cuda {
 
 namespace {
 
+constexpr int kThreads = kEpExchangeThreads;
+constexpr int kWarps = kThreads / 32;
+
 // The destination of CTA group g: the next ranks first and this rank last.
 __device__ inline int destination_of_group(int group, int rank, int world) { return (rank + 1 + group) % world; }
 
@@ -135,12 +138,7 @@ __device__ inline bool waits_for_others(const Segment& s, const PlanTables& plan
   return false;
 }
 
-// A CTA of kThreads threads: the exchange's width alone (registers unbounded), or the narrow one
-// that runs beside a GEMM, whose CTAs must share an SM eight at a time (64 registers a thread).
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads, kThreads == kSegmentCopyNarrowThreads ? 8 : 1)
-    segment_copy_kernel(DeviceTransport t, SegmentCopyArgs a) {
-  constexpr int kWarps = kThreads / 32;
+__global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport t, SegmentCopyArgs a) {
   __shared__ int s_list[kThreads];  // the batch's segments of this CTA's group, in plan order
   __shared__ int s_warp_count[kWarps];
   __shared__ int s_ok, s_stalled;
@@ -389,25 +387,13 @@ void launch_segment_copy(cudaStream_t stream, const DeviceTransport& t, const Se
       }
     }
   }
-  if (a.cta_threads == kSegmentCopyNarrowThreads) {
-    segment_copy_kernel<kSegmentCopyNarrowThreads><<<t.world * a.ctas_per_peer, kSegmentCopyNarrowThreads, 0, stream>>>(t, a);
-  } else if (a.cta_threads == kEpExchangeThreads) {
-    segment_copy_kernel<kEpExchangeThreads><<<t.world * a.ctas_per_peer, kEpExchangeThreads, 0, stream>>>(t, a);
-  } else {
-    throw_internal("segment copy: a CTA runs kEpExchangeThreads or kSegmentCopyNarrowThreads threads");
-  }
+  segment_copy_kernel<<<t.world * a.ctas_per_peer, kThreads, 0, stream>>>(t, a);
   TILEMOE_CUDA_CHECK_LAUNCH("segment copy");
 }
 
-int segment_copy_ctas_per_sm(int cta_threads) {
+int segment_copy_ctas_per_sm() {
   int ctas = 0;
-  if (cta_threads == kSegmentCopyNarrowThreads) {
-    TILEMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, segment_copy_kernel<kSegmentCopyNarrowThreads>, cta_threads, 0));
-  } else if (cta_threads == kEpExchangeThreads) {
-    TILEMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, segment_copy_kernel<kEpExchangeThreads>, cta_threads, 0));
-  } else {
-    throw_internal("segment copy: a CTA runs kEpExchangeThreads or kSegmentCopyNarrowThreads threads");
-  }
+  TILEMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, segment_copy_kernel, kThreads, 0));
   return ctas;
 }
 

@@ -61,12 +61,6 @@ enum class SegmentDrain : std::uint8_t {
                  // tiles, in the GEMM that runs beside the dispatch)
 };
 
-// The CTA of a segment copy that runs beside a GEMM (comet's dispatch and split sends): a GEMM
-// CTA fills its SM's registers, so every SM a copy CTA sits on is an SM the GEMM loses; CTAs of
-// 128 threads at most 64 registers each share an SM eight at a time, and one SM copies faster
-// than an emulated link sends.
-constexpr int kSegmentCopyNarrowThreads = 128;
-
 struct SegmentCopyArgs {
   EpRegionLayout layout;
   const std::uint64_t* epoch = nullptr;  // the step (launch_ep_begin_step ran before, in stream order)
@@ -78,7 +72,6 @@ struct SegmentCopyArgs {
   std::int64_t gather_room = 0;          // its entries
   int hidden = 0;
   int ctas_per_peer = 1;
-  int cta_threads = kEpExchangeThreads;  // or kSegmentCopyNarrowThreads: a grid that runs beside a GEMM
   SegmentDrain drain = SegmentDrain::GemmTiles;
   // The sends to other ranks one after another in the plan's order, each with the whole link: a
   // send starts once the plan's previous send has landed (its flag raised at its destination by
@@ -95,8 +88,8 @@ struct SegmentCopyArgs {
 
 void launch_segment_copy(cudaStream_t stream, const DeviceTransport& transport, const SegmentCopyArgs& args);
 
-// How many of the grid's CTAs of `cta_threads` threads an SM holds: how many ranks' exchanges
-// can wait for each other on one GPU at once, and how few SMs a grid beside a GEMM takes.
-int segment_copy_ctas_per_sm(int cta_threads = kEpExchangeThreads);
+// How many of the grid's CTAs an SM holds: how many ranks' exchanges can wait for each other
+// on one GPU at once.
+int segment_copy_ctas_per_sm();
 
 }  // namespace tilemoe::cuda

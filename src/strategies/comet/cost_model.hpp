@@ -13,8 +13,8 @@
 //                     + max(G1' + C' / splits, C' + G1' / splits) (the last split ships after
 //                                                                 GEMM1; the first is GEMM'd before
 //                                                                 anything ships)
-// where G' are the GEMMs on the SMs the exchange leaves them and D', C' the exchanges on the
-// narrow CTAs beside them. What runs the same way in both (the plan's compile, the routing, the
+// where G' are the GEMMs on the SMs the exchange leaves them and D', C' the exchanges on comet's
+// CTAs beside them. What runs the same way in both (the plan's compile, the routing, the
 // placements of a dispatch once per rank, the combine kernel) is left out of both.
 #include "tilemoe/gpu_rates.hpp"
 
@@ -28,8 +28,9 @@ struct CometCostProblem {
   int splits = 1;                // GEMM1's column splits
   int sms = 0;                   // the rank's SMs
   int gemm_sms = 0;              // of them, the GEMMs' while comet's exchange runs beside them
-  double exchange_ctas = 0.0;    // comet's exchange, in the calibrated CTA's copy rate (a narrow CTA is a quarter)
-  double sequential_ctas = 0.0;  // the sequential exchange's CTAs, likewise
+  // CTAs copying to other ranks at once (each at the calibrated copy rate): comet's dispatch
+  // (one destination at a time), its splits' sends, and the sequential exchange
+  double dispatch_ctas = 0.0, combine_ctas = 0.0, sequential_ctas = 0.0;
 };
 
 struct CometCost {

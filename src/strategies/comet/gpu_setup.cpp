@@ -47,8 +47,11 @@ CometCostProblem cost_problem(const CometGpuShape& s, const CometGpuSchedule& sc
   p.splits = static_cast<int>((s.hidden + schedule.split_cols - 1) / schedule.split_cols);
   p.sms = std::max(1, s.sm_count / std::max(1, s.sharing));  // ranks sharing the SMs share the GEMM rate too
   p.gemm_sms = std::max(1, std::min(p.sms, schedule.gemm_sm_limit / std::max(1, s.sharing)));
-  p.exchange_ctas = s.dispatch_ctas * s.dispatch_cta_share;
-  p.sequential_ctas = std::max(1, s.sequential_exchange_ctas);
+  // the copies to other ranks: the dispatch's one destination at a time (serial sends), the
+  // splits' sends and the sequential exchange to all of them at once
+  p.dispatch_ctas = schedule.serial_sends ? s.exchange_ctas_per_peer : (s.world - 1) * s.exchange_ctas_per_peer;
+  p.combine_ctas = (s.world - 1) * s.exchange_ctas_per_peer;
+  p.sequential_ctas = (s.world - 1) * s.sequential_ctas_per_peer;
   return p;
 }
 
@@ -57,14 +60,16 @@ CometCostProblem cost_problem(const CometGpuShape& s, const CometGpuSchedule& sc
 CometGpuSchedule comet_gpu_schedule(const CometGpuShape& s, const CometOptions& options, const std::function<const GpuRates&()>& rates) {
   CometGpuSchedule schedule;
   schedule.split_cols = comet_gpu_split_cols(s.hidden, options);
-  // an exchange CTA keeps a GEMM off its SM (their registers do not fit together): ranks sharing
-  // the SMs each leave their exchange's SMs free (the dispatch's and the splits' sends are grids of
-  // the same size)
-  const int per_sm = std::max(1, s.dispatch_ctas_per_sm);
-  const int dispatch_sms = (s.dispatch_ctas + per_sm - 1) / per_sm;
-  schedule.gemm_sm_limit = (s.sm_count - dispatch_sms * std::max(1, s.sharing)) / 2 * 2;
+  // an exchange CTA keeps a GEMM off its SM (a GEMM CTA takes the SM's whole register file), and
+  // the block scheduler spreads a grid over idle SMs before it stacks CTAs on one: each exchange
+  // CTA may sit on an SM of its own, so the GEMMs leave one SM per CTA, whatever an SM could hold
+  // (the dispatch's and the splits' sends are grids of the same size; ranks sharing the SMs each
+  // leave their own). Were the GEMMs given more, a grid of waiting sends spread over every SM
+  // could keep GEMM1, which they wait for, from starting at all.
+  const int exchange_ctas = s.world * s.exchange_ctas_per_peer;
+  schedule.gemm_sm_limit = (s.sm_count - exchange_ctas * std::max(1, s.sharing)) / 2 * 2;
   if (schedule.gemm_sm_limit < 2) {
-    throw_bad_input("comet: the dispatch's " + std::to_string(s.dispatch_ctas) + " CTAs x " + std::to_string(std::max(1, s.sharing)) +
+    throw_bad_input("comet: the exchange's " + std::to_string(exchange_ctas) + " CTAs x " + std::to_string(std::max(1, s.sharing)) +
                     " rank(s) leave the GEMMs less than one 2-SM cluster of the " + std::to_string(s.sm_count) +
                     " SMs: use fewer exchange CTAs per peer, or another strategy");
   }

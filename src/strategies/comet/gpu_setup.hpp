@@ -19,10 +19,8 @@ struct CometGpuShape {
   bool once_per_rank = true;   // the dispatch's volume: a token once per destination rank, or a row per expert
   int sm_count = 0;            // SMs the rank's kernels run on
   int sharing = 1;             // ranks sharing those SMs (virtual ranks)
-  int dispatch_ctas = 0;       // the dispatch grid's CTAs (the exchange's CTAs per peer x ranks)
-  int dispatch_ctas_per_sm = 1;  // of them, resident on one SM
-  double dispatch_cta_share = 1.0;  // a dispatch CTA's copy rate, in the calibrated CTA's
-  int sequential_exchange_ctas = 0;  // the exchange's CTAs where it runs alone (the sequential strategy's)
+  int exchange_ctas_per_peer = 1;    // comet's exchange grids: this many CTAs per rank of the world
+  int sequential_ctas_per_peer = 1;  // the exchange's where it runs alone (the sequential strategy's)
   double link_bytes_per_s = 0.0;     // the rank's outgoing link; 0 = not the limit
 };
 
