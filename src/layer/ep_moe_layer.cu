@@ -209,8 +209,8 @@ struct EpMoeLayer::Impl : LayerRouting {
     return is_comet() ? world * local_experts * plan_detail::comet_splits(comet_plan_shape(0)) : world * local_experts;
   }
   std::uint32_t band_flag() const { return plan_detail::tile_signal_band_flag(world, volume); }
-  std::uint32_t split_flag() const {  // comet's first split flag (comet_plan.hpp)
-    return plan_detail::comet_split_flag(world, plan_detail::comet_splits(comet_plan_shape(0)), 0);
+  std::uint32_t split_flag() const {  // comet's first split flag (comet_plan.hpp): split_flags holds one per split
+    return plan_detail::comet_split_flag(world, static_cast<int>(split_flags.count()), 0);
   }
   // what the experts produced: their FFN's output, or with identity experts their input rows
   const std::byte* expert_out() const {
