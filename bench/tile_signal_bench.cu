@@ -58,6 +58,7 @@ struct Variant {
   bool warmup = false;  // run, not reported: the first world of a shape runs slower (measured 3%)
   std::optional<DispatchVolume> volume;  // unset: the layer's default (a token once per destination rank)
   std::int64_t split_cols = 0;           // comet's GEMM1 columns per split (0: the strategy's)
+  int dispatch_ctas = 0, send_ctas = 0;  // comet's exchange CTAs beside GEMM0 and GEMM1 (0: the cost model's)
 };
 
 struct Result {
@@ -278,7 +279,10 @@ int main(int argc, char** argv) {
                                      {Strategy::TileSignal, 0, 1},
                                      {Strategy::TileSignal, 0, 1, kWholeExpert},
                                      {Strategy::Comet, 0, 1},
-                                     {Strategy::Comet, 0, 1, 0, false, std::nullopt, 1024}};
+                                     {Strategy::Comet, 0, 1, 0, false, std::nullopt, 1024},
+                                     // the model's exchange CTAs against their neighbours
+                                     {Strategy::Comet, 0, 1, 0, false, std::nullopt, 0, 1, 1},
+                                     {Strategy::Comet, 0, 1, 0, false, std::nullopt, 0, 3, 2}};
     const std::vector<int> sweep_c = quick ? std::vector<int>{2, 4, 8} : std::vector<int>{2, 4, 8, 14, 20, 28};
     for (int c : sweep_c) {
       for (int mgb : {1, 2}) variants.push_back({Strategy::TileSignal, c, mgb});
@@ -328,6 +332,8 @@ int main(int argc, char** argv) {
             options.receive_rows = receive_rows;
             options.dispatch_volume = v.volume;
             options.comet.split_cols = v.split_cols;
+            options.comet.dispatch_ctas = v.dispatch_ctas;
+            options.comet.send_ctas = v.send_ctas;
             options.record_trace = true;  // every variant's last step: GEMM1's span next to the consumer's
             const std::size_t region = cuda::EpMoeLayer::region_bytes(config, n, options);
             // each rank's output against its own sequential output (kept by the rank's process)
@@ -429,7 +435,8 @@ int main(int argc, char** argv) {
                 : v.strategy == Strategy::Auto
                     ? std::string("auto -> ") + (overlapped ? "c=" + std::to_string(res.consumer_ctas) : "sequential")
                 : v.strategy == Strategy::Comet
-                    ? std::string("comet") + (v.split_cols > 0 ? " split=" + std::to_string(v.split_cols) : "")
+                    ? std::string("comet") + (v.split_cols > 0 ? " split=" + std::to_string(v.split_cols) : "") +
+                          (v.dispatch_ctas > 0 ? " d=" + std::to_string(v.dispatch_ctas) + " s=" + std::to_string(v.send_ctas) : "")
                     : (v.consumer_ctas == 0 ? "tile_signal model-c" : "tile_signal c=" + std::to_string(v.consumer_ctas)) +
                           " mgb=" + std::to_string(v.mgb) + (v.band_block == kWholeExpert ? " unblocked" : "");
             const OverlapTimes& times = res.times;

@@ -25,6 +25,11 @@ struct TileSignalOptions {
 // comet (MLSys 2025): layer 1 in column splits, each shipped and reduced as it completes.
 struct CometOptions {
   std::int64_t split_cols = 0;  // T_N, hidden columns per layer-1 split; 0 = hidden / 4
+  // GPU: the CTAs of the exchange beside each GEMM, each taking an SM from it; 0 = the cost
+  // model's choice for the layer's shape. The dispatch's first CTA sends, the others place what
+  // lands; the splits' sends share the other ranks among theirs.
+  int dispatch_ctas = 0;
+  int send_ctas = 0;
 };
 
 }  // namespace tilemoe

@@ -360,10 +360,12 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   exchange_shape.sm_count = t.sm_count();
   exchange_shape.sharing = sharing;
   exchange_shape.resident_ctas_per_sm = segment_copy_ctas_per_sm();
-  const int requested_ctas = o.strategy == Strategy::Comet && o.exchange_ctas_per_peer == 0
-                                 ? comet_exchange_ctas_per_peer(t.sm_count(), sharing, exchange_shape.resident_ctas_per_sm, world)
-                                 : o.exchange_ctas_per_peer;
-  ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, requested_ctas);
+  // comet's exchange runs on a few CTAs serving every peer (CometOptions::dispatch_ctas, send_ctas), one raise per segment
+  if (o.strategy == Strategy::Comet && o.exchange_ctas_per_peer > 1) {
+    throw_bad_input("comet sizes its exchange by CometOptions::dispatch_ctas and send_ctas (CTAs serving every peer): leave "
+                    "exchange_ctas_per_peer at 0, not " + std::to_string(o.exchange_ctas_per_peer));
+  }
+  ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, o.strategy == Strategy::Comet ? 1 : o.exchange_ctas_per_peer);
 
   own = t.stream(RankStream::Setup);
   const std::int64_t E = c.num_experts, H = c.hidden;
@@ -455,7 +457,6 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
     comet_shape.once_per_rank = once_per_rank();
     comet_shape.sm_count = t.sm_count();
     comet_shape.sharing = sharing;
-    comet_shape.exchange_ctas_per_peer = ctas_per_peer;
     comet_shape.sequential_ctas_per_peer = choose_exchange_ctas_per_peer(exchange_shape, 0);  // the model's baseline
     comet_shape.link_bytes_per_s = t.link_bytes_per_s();
     const int dev = device;
@@ -465,8 +466,8 @@ void EpMoeLayer::Impl::init(const MoeConfig& c, RankTransport& t, EpMoeLayerOpti
   agree_on_settings(split_chosen_here);
   ffn_walks_plan = o.gemm == GemmPath::Planned;  // on whichever strategy the layer runs
   if (options.strategy == Strategy::Comet) {
-    ffn_options.gemm0_sm_limit = comet.gemm_sm_limit;
-    ffn_options.gemm1_sm_limit = comet.gemm_sm_limit;
+    ffn_options.gemm0_sm_limit = comet.gemm0_sm_limit;
+    ffn_options.gemm1_sm_limit = comet.gemm1_sm_limit;
     const plan_detail::CometShape plan_shape = comet_plan_shape(c.tokens);
     device_plan = std::make_unique<DevicePlanTables>(
         plan_detail::comet_capacity(world, local_experts, layout.receive_capacity, c.tokens, plan_shape), world, static_cast<int>(E),
@@ -613,7 +614,7 @@ std::string EpMoeLayer::description() const {
   if (m.direct) {
     text += ", a world of one: no exchange copies";
   } else if (m.options.dispatch == DispatchPath::Device) {
-    text += ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer, " +
+    text += (m.is_comet() ? std::string() : ", " + std::to_string(m.ctas_per_peer) + " CTAs per peer") + ", " +
             (m.once_per_rank() ? "a token once per destination rank" : "a row per expert");
   }
   if (m.options.strategy == Strategy::TileSignal) {
@@ -885,6 +886,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         TILEMOE_CUDA_CHECK(cudaStreamWaitEvent(m.consumer, m.fork, 0));
         SegmentCopyArgs dispatch = m.segment_args(SegmentDrain::None, 0, dispatch_segments, input, T);
         dispatch.serial_sends = m.comet.serial_sends;
+        dispatch.packed_ctas = m.comet.dispatch_ctas;
         launch_segment_copy(m.consumer, view, dispatch);
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
       } else {
@@ -935,6 +937,7 @@ void EpMoeLayer::forward(cudaStream_t stream, const __nv_bfloat16* input, const 
         sends.own_flags = m.split_flags.data();
         sends.own_flag_begin = m.split_flag();
         sends.own_flag_count = static_cast<std::uint32_t>(m.split_flags.count());
+        sends.packed_ctas = m.comet.send_ctas;
         launch_segment_copy(m.consumer, view, sends);
         TILEMOE_CUDA_CHECK(cudaEventRecord(m.join, m.consumer));
       }

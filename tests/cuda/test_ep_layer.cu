@@ -179,17 +179,20 @@ void check_device_plans(const cases::MoeCase& c, const EpWorld& world, const Syn
 }
 
 // comet's options in the cases: splits of one tile (one real tile and a padding mate per band)
-// where hidden has more than two, the strategy's default elsewhere.
+// where hidden has more than two, the strategy's default elsewhere; a dispatch of a sender and
+// two placers (the sources dealt between them) from three ranks on, the model's CTAs elsewhere.
 cuda::EpMoeLayerOptions comet_options_of(const cases::MoeCase& c) {
   cuda::EpMoeLayerOptions options;
   options.strategy = Strategy::Comet;
   options.comet.split_cols = c.hidden > 2 * cuda::kPlannedTileN ? cuda::kPlannedTileN : 0;
+  options.comet.dispatch_ctas = c.ranks >= 3 ? 3 : 0;
   return options;
 }
 
 // comet in a world of its own: the dispatch beside GEMM0, whose tiles wait for their sources,
 // GEMM1 in column splits; two steps and a graph replay with the default dispatch volume, one step
-// with a row per expert, all the sequential output bitwise; the device-built plans equal the
+// with a row per expert and the whole exchange on one CTA beside each GEMM, all the sequential
+// output bitwise; the device-built plans equal the
 // host compiler's at the GPU's tiling and run on the CPU executor.
 void comet_case(const cases::MoeCase& c, const EpWorld& world, const SyntheticStep& step, const ExpertWeights& weights,
                 const MoeConfig& config, cuda::VirtualWorld& vw, const std::vector<Matrix>& sequential_out, DispatchVolume volume) {
@@ -216,6 +219,7 @@ void comet_case(const cases::MoeCase& c, const EpWorld& world, const SyntheticSt
     transport.host_barrier();
     cuda::EpMoeLayerOptions rows = options;
     rows.dispatch_volume = DispatchVolume::RowPerExpert;
+    rows.comet.dispatch_ctas = rows.comet.send_ctas = 1;  // one CTA sends, then places; one sends every split
     {
       cuda::EpMoeLayer layer(config, weights, transport, rows);
       b.poison();

@@ -52,6 +52,8 @@ struct EpMoeLayerOptions {
   // CTAs of the exchange kernels per destination rank; 0 picks as many as fit on the GPU
   // together with the exchange kernels of the other ranks sharing it (they wait for each
   // other, so all of them must be resident at once). Values that do not fit are bad input.
+  // Comet's exchange serves every peer from a few CTAs (CometOptions::dispatch_ctas, send_ctas):
+  // 0 or 1 there.
   int exchange_ctas_per_peer = 0;
   // Sequential, TileSignal, Comet or Auto (include/tilemoe/strategy.hpp; auto chooses between
   // sequential and tile_signal). Comet on the GPU overlaps the dispatch with GEMM0 (each GEMM0

@@ -13,8 +13,9 @@ namespace {
 constexpr int kThreads = kEpExchangeThreads;
 constexpr int kWarps = kThreads / 32;
 
-// The destination of CTA group g: the next ranks first and this rank last.
+// The destination of CTA group g: the next ranks first and this rank last; and back.
 __device__ inline int destination_of_group(int group, int rank, int world) { return (rank + 1 + group) % world; }
+__device__ inline int group_of_destination(int dest, int rank, int world) { return (dest - rank - 1 + 2 * world) % world; }
 
 __device__ inline comm::WaitSubject drain_subject(SegmentDrain drain) {
   return drain == SegmentDrain::GemmTiles ? comm::WaitSubject::DispatchRows : comm::WaitSubject::CombineRows;
@@ -124,6 +125,16 @@ __device__ inline int serial_placement_group(const PlanTables& plan, int begin, 
   return -1;
 }
 
+// With packed CTAs (SegmentCopyArgs::packed_ctas): the CTA that runs segment `s`.
+__device__ inline int packed_cta_of(const Segment& s, const PlanTables& plan, const SegmentCopyArgs& a, int begin, int end, int me,
+                                    int world) {
+  const int ctas = a.packed_ctas, owner = group_rank_of(s, plan, me, world);
+  if (!a.serial_sends) return group_of_destination(owner, me, world) % ctas;
+  if (ctas == 1 || s.dest_rank != me) return 0;  // the sends, one after another
+  const int placed = owner == me ? 0 : 1 + serial_placement_group(plan, begin, end, me, owner);  // own rows first
+  return 1 + placed % (ctas - 1);
+}
+
 // Whether flag wait `w` is for a flag of this rank that a kernel beside the copy raises.
 __device__ inline bool raised_beside(const FlagWait& w, const SegmentCopyArgs& a, int me) {
   return w.from_rank == me && a.own_flags != nullptr && w.flag >= a.own_flag_begin && w.flag - a.own_flag_begin < a.own_flag_count;
@@ -154,13 +165,19 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
   __syncthreads();
   if (!s_ok) return;
 
+  const bool packed = a.packed_ctas > 0;
   const int group = static_cast<int>(blockIdx.x) / a.ctas_per_peer, member = static_cast<int>(blockIdx.x) % a.ctas_per_peer;
   const int begin = a.first_segment;
   const int end = min(a.first_segment + a.segment_count, static_cast<int>(plan.segments.count));
-  const int p = a.serial_sends ? serial_destination(plan, begin, end, me, group) : destination_of_group(group, me, N);
+  // the group's destination (packed: none of its own, this rank's for the failures it records)
+  const int p = packed ? me : a.serial_sends ? serial_destination(plan, begin, end, me, group) : destination_of_group(group, me, N);
   const int warp = member * kWarps + warp_in_cta, warps = a.ctas_per_peer * kWarps;
   const std::size_t row_bytes = static_cast<std::size_t>(a.hidden) * 2;
-  const bool paced_group = t.region[p] != nullptr && p != me && t.link_bytes_per_ns > 0.0;
+  const bool paced_group = t.region[p] != nullptr && (packed || p != me) && t.link_bytes_per_ns > 0.0;
+  // each warp's share of the link: serial sends have it to themselves, else it is shared by the
+  // groups (packed: the CTAs) sending to other ranks at once
+  const int senders = a.serial_sends ? 1 : packed ? min(a.packed_ctas, N - 1) : N - 1;
+  const double warp_share = 1.0 / (static_cast<double>(max(senders, 1)) * warps);
   std::uint64_t start = paced_group ? global_timer_ns() : 0;
   double sent = 0;
   std::int64_t running = 0;  // rows of the group's segments so far: row `running + i` is warp (running + i) % warps's
@@ -216,7 +233,9 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
         if (blockIdx.x == 0) record_invalid(t, a, me, static_cast<std::uint64_t>(j), epoch);
       } else {
         const int owner = group_rank_of(s, plan, me, N);
-        if (!a.serial_sends || s.dest_rank != me) {
+        if (packed) {
+          mine = packed_cta_of(s, plan, a, begin, end, me, N) == static_cast<int>(blockIdx.x);
+        } else if (!a.serial_sends || s.dest_rank != me) {
           mine = owner == p;
         } else if (owner == me) {  // this rank's own rows: the last group's
           mine = group == N - 1;
@@ -240,6 +259,14 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
     int raised = 0;  // the listed segments whose flags are up
     for (int l = 0; l < listed; ++l) {
       const Segment s = plan.segments.data[s_list[l]];
+      if (packed && l > raised) {  // a run of segments naming one flag has ended: raise it now
+        const Segment& prior = plan.segments.data[s_list[l - 1]];
+        if (prior.dest_flag != s.dest_flag || prior.dest_rank != s.dest_rank) {
+          __syncthreads();
+          raise_flags(raised, l);
+          raised = l;
+        }
+      }
       if (!runnable(s, a, plan, me, N)) {  // the same verdict on every thread: nothing of it moves
         if (member == 0 && tid == 0) record_invalid(t, a, p, static_cast<std::uint64_t>(s_list[l]), epoch);
         continue;
@@ -264,11 +291,16 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
         if (s_stalled) return;  // recorded: the step is failing
         met_begin = s.wait_begin;
         met_count = s.wait_count;
+        if (paced_group) {  // the link was idle while this CTA waited: no burst of saved-up bytes after it
+          start = global_timer_ns();
+          sent = 0;
+        }
       }
       const int dest = s.dest_rank;
-      if (a.serial_sends && dest != me && dest != serial_dest && !a.silent) {  // after the previous send has landed, with the whole link
+      if ((a.serial_sends || packed) && dest != me && dest != serial_dest && !a.silent) {  // after the previous send has landed, with the whole link
         serial_dest = dest;
-        const int before = previous_send(plan, begin, s_list[l], me, dest);
+        // (packed: this CTA made the previous send, and raised its flags as its run ended)
+        const int before = packed ? -1 : previous_send(plan, begin, s_list[l], me, dest);
         if (before >= 0) {
           const Segment& prior = plan.segments.data[before];
           if (tid == 0 && flag_held(prior.dest_flag, a.layout) &&
@@ -326,7 +358,7 @@ __global__ void __launch_bounds__(kThreads) segment_copy_kernel(DeviceTransport 
                    src + static_cast<std::size_t>(src_row) * row_bytes + col_offset, col_bytes, lane);
           if (paced) {
             sent += col_bytes;
-            if (lane == 0) pace_link(t, start, sent, a.serial_sends ? 1.0 / warps : 1.0 / ((N - 1) * warps));
+            if (lane == 0) pace_link(t, start, sent, warp_share);
             __syncwarp();
           }
         }
@@ -377,6 +409,10 @@ void launch_segment_copy(cudaStream_t stream, const DeviceTransport& t, const Se
       a.segment_count < 0) {
     throw_internal("segment copy: bad arguments");
   }
+  if (a.packed_ctas < 0 || (a.packed_ctas > 0 && a.ctas_per_peer != 1)) throw_internal("segment copy: packed CTAs need one CTA per peer");
+  for (int r = 0; a.packed_ctas > 0 && r < t.world; ++r) {
+    if (t.region[r] == nullptr) throw_internal("segment copy: packed CTAs need load/store peers");
+  }
   if (a.gather_rows != nullptr && (t.gin_comm != nullptr || a.gather_room < 0)) {
     throw_internal("segment copy: a gather table needs load/store peers (a put sends contiguous rows)");
   }
@@ -387,7 +423,8 @@ void launch_segment_copy(cudaStream_t stream, const DeviceTransport& t, const Se
       }
     }
   }
-  segment_copy_kernel<<<t.world * a.ctas_per_peer, kThreads, 0, stream>>>(t, a);
+  const int ctas = a.packed_ctas > 0 ? a.packed_ctas : t.world * a.ctas_per_peer;
+  segment_copy_kernel<<<ctas, kThreads, 0, stream>>>(t, a);
   TILEMOE_CUDA_CHECK_LAUNCH("segment copy");
 }
 

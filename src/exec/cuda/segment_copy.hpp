@@ -83,6 +83,19 @@ struct SegmentCopyArgs {
   // the GEMM's u32 flags, reset before it starts). Null: every own flag is met by stream order.
   const unsigned* own_flags = nullptr;
   std::uint32_t own_flag_begin = 0, own_flag_count = 0;
+  // > 0: the grid is this many CTAs serving every destination between them (ctas_per_peer must be
+  // 1, every peer load/store), not a group of ctas_per_peer CTAs per destination. comet's exchange
+  // runs beside the GEMMs, and each of its CTAs costs them an SM (a GEMM CTA needs a whole SM, and
+  // the block scheduler may give every copy CTA an SM of its own), so it runs on a few CTAs
+  // whatever the world:
+  //  - with serial_sends, CTA 0 sends to every other rank in the plan's order, and CTAs 1.. place
+  //    (this rank's own rows, then the sources in the order they land, dealt round-robin), so that
+  //    placing one source never holds up the send to the next; one CTA does all in plan order;
+  //  - without, destination group g (the next ranks first, this rank last) runs on CTA
+  //    g % packed_ctas, and the CTAs sending to other ranks share the link.
+  // A CTA raises a flag as soon as its run of segments naming it ends, so that a destination
+  // learns of its rows when they are stored, not at the end of the CTA's list.
+  int packed_ctas = 0;
   bool silent = false;  // fault injection: this rank sends nothing (tests)
 };
 

@@ -1,6 +1,7 @@
 #include "cost_model.hpp"
 
 #include <algorithm>
+#include <vector>
 
 #include "tilemoe/error.hpp"
 
@@ -8,24 +9,42 @@ namespace tilemoe {
 
 CometCost comet_cost(const CometCostProblem& p, const GpuRates& r) {
   if (r.gemm_flops_per_sm <= 0.0 || r.copy_bytes_per_cta <= 0.0) throw_bad_input("comet's cost model: the calibrated rates must be positive");
-  if (p.sms < 1 || p.gemm_sms < 1 || p.gemm_sms > p.sms || p.splits < 1 || p.world < 2 || p.dispatch_ctas <= 0.0 ||
-      p.combine_ctas <= 0.0 || p.sequential_ctas <= 0.0 || p.gemm0_flops < 0.0 || p.gemm1_flops < 0.0 || p.dispatch_bytes < 0.0 || p.combine_bytes < 0.0) {
+  if (p.sms < 1 || p.gemm0_sms < 1 || p.gemm0_sms > p.sms || p.gemm1_sms < 1 || p.gemm1_sms > p.sms || p.splits < 1 || p.world < 2 ||
+      p.dispatch_ctas < 1 || p.send_ctas < 1 || p.sequential_ctas <= 0.0 || p.gemm0_flops < 0.0 || p.gemm1_flops < 0.0 ||
+      p.dispatch_bytes < 0.0 || p.combine_bytes < 0.0 || p.placed_bytes < 0.0) {
     throw_bad_input("comet's cost model: a problem needs a world of two or more, SMs for the GEMMs, CTAs for the exchange, "
                     "a split or more and non-negative work");
   }
   const auto gemm = [&](double flops, int sms) { return flops / (r.gemm_flops_per_sm * sms); };
-  const auto exchange = [&](double bytes, double ctas) {
+  const auto copy = [&](double bytes, double ctas, bool over_link) {
     double rate = ctas * r.copy_bytes_per_cta;
-    if (p.link_bytes_per_s > 0.0) rate = std::min(rate, p.link_bytes_per_s);
+    if (over_link && p.link_bytes_per_s > 0.0) rate = std::min(rate, p.link_bytes_per_s);
     return bytes / rate;
   };
-  const double sequential = gemm(p.gemm0_flops, p.sms) + gemm(p.gemm1_flops, p.sms) + exchange(p.dispatch_bytes, p.sequential_ctas) +
-                            exchange(p.combine_bytes, p.sequential_ctas);
-  const double g0 = gemm(p.gemm0_flops, p.gemm_sms), g1 = gemm(p.gemm1_flops, p.gemm_sms);
-  const double d = exchange(p.dispatch_bytes, p.dispatch_ctas), c = exchange(p.combine_bytes, p.combine_ctas);
-  const double layer0 = std::max(g0, d + g0 / p.world);
-  const double layer1 = std::max(g1 + c / p.splits, c + g1 / p.splits);
-  return CometCost{1e3 * (layer0 + layer1), 1e3 * sequential};
+  CometCost cost;
+  cost.sequential_ms = 1e3 * (gemm(p.gemm0_flops, p.sms) + gemm(p.gemm1_flops, p.sms) + copy(p.dispatch_bytes, p.sequential_ctas, true) +
+                              copy(p.combine_bytes, p.sequential_ctas, true));
+  const double g0 = gemm(p.gemm0_flops, p.gemm0_sms), g1 = gemm(p.gemm1_flops, p.gemm1_sms);
+  // layer 0 a source at a time (above): when each lands, is placed, and is through GEMM0
+  const int W = p.world, placers = std::max(1, p.dispatch_ctas - 1);
+  const double send = copy(p.dispatch_bytes, 1, true) / (W - 1), place = copy(p.placed_bytes, 1, false) / W, gemm0 = g0 / W;
+  std::vector<double> placer_free(static_cast<std::size_t>(placers), 0.0);
+  double gemm0_done = 0.0;
+  for (int i = 0; i < W; ++i) {
+    double placed = 0.0;
+    if (p.dispatch_ctas == 1) {  // own rows, then every send, then the sources in turn
+      placed = (i + 1) * place + (i > 0 ? (W - 1) * send : 0.0);
+    } else {
+      double& free = placer_free[static_cast<std::size_t>(i % placers)];
+      placed = free = std::max(free, i * send) + place;
+    }
+    gemm0_done = std::max(gemm0_done, placed) + gemm0;
+  }
+  cost.layer0_ms = 1e3 * gemm0_done;
+  const double c = copy(p.combine_bytes, std::min(p.send_ctas, p.world - 1), true);
+  cost.layer1_ms = 1e3 * std::max(g1 + c / p.splits, c + g1 / p.splits);
+  cost.comet_ms = cost.layer0_ms + cost.layer1_ms;
+  return cost;
 }
 
 }  // namespace tilemoe

@@ -1,21 +1,25 @@
 #pragma once
 // comet's cost model: one expert-parallel step's two GEMMs and two exchanges, sequential and
 // overlapped as comet overlaps them, from the rates calibrated once per GPU (gpu_rates.hpp). The
-// layer prints both in its description, so that a benchmark shows the model beside the clock;
-// `auto` does not pick comet by it yet (NOTES.md: not yet checked against a measurement).
+// schedule (gpu_setup.hpp) sizes comet's exchange by it; the layer prints both times in its
+// description, so that a benchmark shows the model beside the clock.
 //
 //   GEMMs on s SMs:     G0(s), G1(s) = flops / (gemm_flops_per_sm * s)
-//   an exchange:        bytes / min(link, its CTAs' copy rate)
-//   sequential:         G0(S) + G1(S) + D + C                    (its exchange alone, wide CTAs)
-//   comet:              max(G0', D' + G0' / W)                   (GEMM0 beside the dispatch: the
-//                                                                 last source's rows are GEMM'd
-//                                                                 after they land)
-//                     + max(G1' + C' / splits, C' + G1' / splits) (the last split ships after
-//                                                                 GEMM1; the first is GEMM'd before
-//                                                                 anything ships)
-// where G' are the GEMMs on the SMs the exchange leaves them and D', C' the exchanges on comet's
-// CTAs beside them. What runs the same way in both (the plan's compile, the routing, the
-// placements of a dispatch once per rank, the combine kernel) is left out of both.
+//   a copy on n CTAs:   bytes / min(link, n * copy rate)   (the link only for bytes to other ranks)
+//   sequential:         G0(S) + G1(S) + D + C             (its exchange alone, wide CTAs)
+//   comet, layer 0:     the dispatch on dispatch_ctas CTAs beside GEMM0 on the SMs they leave, a
+//                       source at a time in ring order (this rank's own first), each a W-th of
+//                       the work: one CTA sends to one rank after another (source i lands at
+//                       i D' / (W - 1)), the others place the sources dealt round-robin (own rows
+//                       first; one CTA: its own rows, every send, then the placements), P' / W
+//                       each; GEMM0 takes a source once it is placed and GEMM0 is done with the
+//                       one before, G0' / W each. Layer 0 ends with the last source's GEMM0.
+//   comet, layer 1:     GEMM1 in splits beside the splits' sends on send_ctas CTAs (C'); the last
+//                       split ships after GEMM1, the first is GEMM'd before anything ships:
+//                         max(G1' + C' / splits, C' + G1' / splits)
+// What runs the same way in both (the plan's compile, the routing, the combine kernel) is left out
+// of both; the placements too, but for comet's few CTAs placing beside GEMM0 (sequential's
+// exchange places on its whole grid, a small part of its step).
 #include "tilemoe/gpu_rates.hpp"
 
 namespace tilemoe {
@@ -23,18 +27,20 @@ namespace tilemoe {
 struct CometCostProblem {
   double gemm0_flops = 0.0, gemm1_flops = 0.0;      // this rank's
   double dispatch_bytes = 0.0, combine_bytes = 0.0;  // what it sends to other ranks in each exchange
+  double placed_bytes = 0.0;                         // what its dispatch places locally (a dispatch once per rank)
   double link_bytes_per_s = 0.0;                     // the rank's outgoing link; 0 = not the limit
   int world = 2;
-  int splits = 1;                // GEMM1's column splits
-  int sms = 0;                   // the rank's SMs
-  int gemm_sms = 0;              // of them, the GEMMs' while comet's exchange runs beside them
-  // CTAs copying to other ranks at once (each at the calibrated copy rate): comet's dispatch
-  // (one destination at a time), its splits' sends, and the sequential exchange
-  double dispatch_ctas = 0.0, combine_ctas = 0.0, sequential_ctas = 0.0;
+  int splits = 1;                 // GEMM1's column splits
+  int sms = 0;                    // the rank's SMs
+  int gemm0_sms = 0, gemm1_sms = 0;  // of them, each GEMM's while comet's exchange runs beside it
+  int dispatch_ctas = 1;          // comet's dispatch: one sends, the others place (SegmentCopyArgs::packed_ctas)
+  int send_ctas = 1;              // comet's splits' sends, each to its share of the other ranks
+  double sequential_ctas = 0.0;   // the sequential exchange's CTAs copying to other ranks at once
 };
 
 struct CometCost {
   double comet_ms = 0.0, sequential_ms = 0.0;
+  double layer0_ms = 0.0, layer1_ms = 0.0;  // comet's two terms (above)
 };
 
 // Bad input for rates or a problem that make no sense (non-positive rates, no SMs, splits < 1).

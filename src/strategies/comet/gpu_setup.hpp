@@ -1,7 +1,8 @@
 #pragma once
 // comet's decisions for one rank's layer on the GPU, taken once when the layer is built: the
-// column split of layer 1 and the SMs the GEMMs leave to the exchange that runs beside them (the
-// dispatch beside GEMM0, the splits' sends beside GEMM1). The layer asks and obeys.
+// column split of layer 1 and the CTAs of the exchange that runs beside each GEMM (the dispatch
+// beside GEMM0, the splits' sends beside GEMM1), with the SMs they leave the GEMMs. The layer asks
+// and obeys.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -19,14 +20,20 @@ struct CometGpuShape {
   bool once_per_rank = true;   // the dispatch's volume: a token once per destination rank, or a row per expert
   int sm_count = 0;            // SMs the rank's kernels run on
   int sharing = 1;             // ranks sharing those SMs (virtual ranks)
-  int exchange_ctas_per_peer = 1;    // comet's exchange grids: this many CTAs per rank of the world
-  int sequential_ctas_per_peer = 1;  // the exchange's where it runs alone (the sequential strategy's)
+  int sequential_ctas_per_peer = 1;  // the exchange's where it runs alone (the sequential strategy's: the model's baseline)
   double link_bytes_per_s = 0.0;     // the rank's outgoing link; 0 = not the limit
 };
 
 struct CometGpuSchedule {
   std::int64_t split_cols = 0;  // GEMM1 columns per split: a multiple of the planned GEMM's 256-column tile
-  int gemm_sm_limit = 0;        // SMs each GEMM may use; the others run the exchange beside it
+  // The exchange's CTAs beside each GEMM (SegmentCopyArgs::packed_ctas), and the SMs each GEMM
+  // may use: an exchange CTA keeps a GEMM off its SM (a GEMM CTA takes the SM's whole register
+  // file), and the block scheduler spreads a grid over idle SMs before it stacks CTAs on one, so
+  // each exchange CTA may sit on an SM of its own: a GEMM leaves one SM per CTA beside it. Were the
+  // GEMMs given more, a grid of waiting sends spread over every SM could keep GEMM1, which they
+  // wait for, from starting at all.
+  int dispatch_ctas = 1, send_ctas = 1;
+  int gemm0_sm_limit = 0, gemm1_sm_limit = 0;
   // The dispatch sends to one rank after another in the ring's order, each with the whole link
   // (SegmentCopyArgs::serial_sends), so that a rank's sources land one after another, r + 1's
   // first, and GEMM0 works through them as they come; sent all at once, every source's rows land
@@ -36,19 +43,15 @@ struct CometGpuSchedule {
   std::string note;             // for the layer's description
 };
 
-// The exchange's CTAs per peer where the user leaves them to the layer: the dispatch runs beside
-// GEMM0 and takes SMs from it, so it gets about an eighth of the rank's share of the SMs, at
-// least one CTA per peer (the other strategies' exchange runs alone and takes up to half).
-int comet_exchange_ctas_per_peer(int sm_count, int sharing, int resident_ctas_per_sm, int world);
-
 // GEMM1's columns per split: the option's, which must be a positive multiple of 256 columns (a
 // GEMM1 tile never straddles two splits; bad input otherwise), or by default a quarter of hidden
 // in whole pairs of tiles (512 columns: the 1x2 pairs then have no padding mates).
 std::int64_t comet_gpu_split_cols(std::int64_t hidden, const CometOptions& options);
 
-// Bad input, saying what to change, for a bad split (above) or SMs too few to run the GEMMs beside
-// the exchange.
-// `rates` (which may calibrate the GPU) gives the cost model's predictions, or is empty: none.
+// The schedule: the options' split and CTAs, or those the cost model finds fastest for the
+// shape on `rates` (which may calibrate the GPU; empty: no model, two CTAs beside each GEMM).
+// Bad input, saying what to change, for a bad split, negative CTAs, or SMs too few to run the
+// GEMMs beside the exchange.
 CometGpuSchedule comet_gpu_schedule(const CometGpuShape& shape, const CometOptions& options,
                                     const std::function<const GpuRates&()>& rates = {});
 
