@@ -81,9 +81,16 @@ TEST(CometPlan, LanesInAnyOrderWriteTheOnePlanAndBandsWaitForTheirSources) {
       std::vector<int> lanes = {0, 1, 2, 3, 4, 5, 6};
       std::shuffle(lanes.begin(), lanes.end(), rng);
       ASSERT_EQ(first_table_difference(p, compile_rank(c, s, lanes)), "");
-      // GEMM0: the bands' last ring positions never go backwards, and each tile waits for exactly
-      // the ring positions its rows come from
-      int last_position = 0;
+      // GEMM0: the waves of the bands' last ring positions never go backwards, inside a wave the
+      // experts neither, and an expert's bands there go column tile after column tile; each tile
+      // waits for exactly the ring positions its rows come from
+      const auto wave_of = [&](int position) {
+        int k = 0;
+        while (comet_wave_begin(world, k + 1) <= position) ++k;
+        return k;
+      };
+      int last_wave = 0, last_expert = 0;
+      std::int64_t last_col = 0;
       std::set<std::pair<std::int64_t, std::int64_t>> bands;
       for (const GemmTile& t : p.tiles) {
         if (t.layer != 0) continue;
@@ -98,8 +105,17 @@ TEST(CometPlan, LanesInAnyOrderWriteTheOnePlanAndBandsWaitForTheirSources) {
         ASSERT_FALSE(sources.empty());
         EXPECT_EQ(t.wait_begin, static_cast<std::uint32_t>(*sources.begin()));
         EXPECT_EQ(t.wait_begin + t.wait_count - 1, static_cast<std::uint32_t>(*sources.rbegin()));
-        EXPECT_GE(*sources.rbegin(), last_position);
-        last_position = *sources.rbegin();
+        const int wave = wave_of(*sources.rbegin());
+        EXPECT_GE(wave, last_wave);
+        if (wave == last_wave) {
+          EXPECT_GE(t.expert, last_expert);
+          if (t.expert == last_expert) {
+            EXPECT_GE(t.col_begin, last_col);
+          }
+        }
+        last_wave = wave;
+        last_expert = t.expert;
+        last_col = t.col_begin;
       }
       std::int64_t covered = 0;
       for (const auto& [begin, end] : bands) covered += end - begin;
@@ -199,4 +215,14 @@ TEST(CometPlan, TheGpusPairsKeepMatesTogetherAndCountRealTiles) {
       }
     }
   }
+}
+
+// GEMM0's waves: ring positions [0, 1), [1, 4), [4, 16), [16, 64), clipped to the world, then empty.
+TEST(CometPlan, WavesGrowFourfold) {
+  const std::vector<int> at_64 = {0, 1, 4, 16, 64, 64};
+  for (int k = 0; k < static_cast<int>(at_64.size()); ++k) EXPECT_EQ(comet_wave_begin(64, k), at_64[static_cast<std::size_t>(k)]) << k;
+  const std::vector<int> at_8 = {0, 1, 4, 8, 8};
+  for (int k = 0; k < static_cast<int>(at_8.size()); ++k) EXPECT_EQ(comet_wave_begin(8, k), at_8[static_cast<std::size_t>(k)]) << k;
+  EXPECT_EQ(comet_wave_begin(1, 1), 1);
+  EXPECT_EQ(comet_wave_begin(1, 5), 1);
 }

@@ -101,7 +101,14 @@ for step in "${steps[@]}"; do
       run_step perf-cases-layer "$bin/test_moe_layer" --case mixtral-8x7b:4096 --case qwen3-30b-a3b:4096
       run_step perf-cases-ep "$bin/test_ep_layer" --case mixtral-8x7b:4096:4 ;;
     ep-small) run_step ep-small "$bin/test_ep_layer" --small ;;  # up to 4 ranks, small shapes, bad input
-    ep-racecheck) run_step ep-racecheck timeout 200 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 60 ;;
+    ep-racecheck)  # the small cases but 1024 experts (every strategy on each, comet's exchange and combine among
+      # them), within the step's bound; the fault tests run unsanitized in ep-small
+      case_args=()
+      for c in ${EP_RACE_CASES:-two-ranks:200:2 all-to-one-expert-a-rank-without-tokens:129:4 hidden-8:7:2 top-k-equals-experts:33:4 sm-partitions:256:4}; do
+        case_args+=(--case "$c")
+      done
+      run_step ep-racecheck timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_ep_layer" --small "${case_args[@]}" \
+        --timeout-s 60 ;;
     ep-memcheck) run_step ep-memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_ep_layer" --small --timeout-s 30 ;;
     memcheck) run_step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_moe_layer" --small ;;
     racecheck)  # one process per small case: a slow or stalled case is named and costs only its own time

@@ -776,6 +776,7 @@ void layer_variants_on_every_rank(std::uint64_t seed) {
 }
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // a line at a time: a run cut short by a timeout still shows how far it got
   // --small: small cases only, for compute-sanitizer; --timeout-s S: the worlds' wait bound;
   // --no-tile-signal: the sequential paths only; --case ID (repeatable): those cases of the
   // registry (tests/cases: any expert-parallel case, a benchmark's too) and no other check;

@@ -6,10 +6,15 @@
 // layer0 (dispatch -> GEMM0) is split along tokens: inside each local expert the rows are
 // grouped by source rank, this rank's own first, then the others in ring order (r + 1, r + 2,
 // ...), and senders send in the matching order (rank p's step s goes to p - s), so the rows of
-// rank r + i land i-th. GEMM0 runs band by band (tile_m rows of one expert, every column), the
-// bands ordered by the ring position of the last source whose rows they hold (ties: expert, then
-// row order), and a band waits only for the sources its rows come from: GEMM0 starts on local
-// rows at once.
+// rank r + i land i-th. GEMM0 takes the sources in waves of growing size (ring positions [0, 1),
+// [1, 4), [4, 16), ...: comet_wave_begin), and inside a wave expert after expert: the expert's
+// bands (tile_m rows) whose last source lies in the wave, column tile (1x2 pair) after column
+// tile, so that the bands share each slice of the expert's weights while it is in L2. Band after
+// band (every column of one band, then the next) re-read all of an expert's weights per band: at
+// DeepSeek-V3's 128 rows per (expert, source), a band per source, GEMM0 was bound by the weights'
+// reads and took 2x sequential's (2026-12-08, H100). Each wave's GEMM0 covers the next wave's
+// arrival, and a tile waits only for the sources its rows come from: GEMM0 starts on local rows
+// at once.
 // layer1 (GEMM1 -> top-k reduce + combine) is split along hidden columns: GEMM1 runs one column
 // split of split_cols columns across every band before the next split; as soon as a split is
 // done, communication workers ship its columns of each (expert, source) group to the source,
@@ -78,10 +83,25 @@ TILEMOE_HOST_DEVICE inline int ring_block_end(const StepCounts& c, int r, int e,
   return end;
 }
 
+// GEMM0's waves (above): wave k holds ring positions [comet_wave_begin(W, k), comet_wave_begin(W, k + 1)),
+// empty past the world (k < W always covers it).
+TILEMOE_HOST_DEVICE inline int comet_wave_begin(int world, int k) {
+  int begin = 0;
+  for (int i = 0, size = 1; i < k && begin < world; ++i, size = i == 1 ? 3 : 4 * size) begin += size;
+  return begin < world ? begin : world;
+}
+// Bands of rank r's expert e whose last source lies in wave k.
+TILEMOE_HOST_DEVICE inline int comet_wave_bands(const StepCounts& c, int r, int e, int k, int tile_m) {
+  const int begin = comet_wave_begin(c.world, k), end = comet_wave_begin(c.world, k + 1);
+  if (begin >= end) return 0;
+  const int before = begin == 0 ? 0 : bands_ending_by(c, r, e, ring_block_end(c, r, e, begin - 1), tile_m);
+  return bands_ending_by(c, r, e, ring_block_end(c, r, e, end - 1), tile_m) - before;
+}
+
 // Prefix sums (room: comet_prefix_size): band_first[e] the bands of the experts before e (e = L:
-// B_r), order_first[p L + e] the GEMM0 places before the bands of expert e whose last source sits
-// at ring position p (p L + e = W L: B_r), gemm1_first[s] GEMM1's entries before split s (s = S:
-// all of them).
+// B_r), order_first[k L + e] the GEMM0 places before the bands of expert e whose last source lies
+// in wave k (k L + e = W L: B_r), gemm1_first[s] GEMM1's entries before split s (s = S: all of
+// them).
 TILEMOE_HOST_DEVICE inline int comet_prefix_size(int world, int local_experts, int splits) {
   return (local_experts + 1) + (world * local_experts + 1) + (splits + 1);
 }
@@ -110,11 +130,10 @@ inline void comet_prefix(const StepCounts& c, const CometShape& s, int* prefix) 
   }
   band_first[L] = bands;
   int places = 0;
-  for (int p = 0; p < W; ++p) {
+  for (int k = 0; k < W; ++k) {
     for (int e = 0; e < L; ++e) {
-      order_first[p * L + e] = places;
-      const int before = p == 0 ? 0 : bands_ending_by(c, r, e, ring_block_end(c, r, e, p - 1), tm);
-      places += bands_ending_by(c, r, e, ring_block_end(c, r, e, p), tm) - before;
+      order_first[k * L + e] = places;
+      places += comet_wave_bands(c, r, e, k, tm);
     }
   }
   order_first[W * L] = places;
@@ -188,25 +207,32 @@ TILEMOE_HOST_DEVICE inline CometBand comet_band(const StepCounts& c, const Comet
   band.rows = left < tm ? left : tm;
   return band;
 }
-// The band at GEMM0 place `b`.
+// The (wave, expert) group of GEMM0 place `b`, and the band there.
+TILEMOE_HOST_DEVICE inline int comet_group_at_place(const StepCounts& c, CometPrefix x, int b) {
+  return expert_at(c.world * c.local_experts, b, [&](int g) { return x.order_first[g]; });
+}
 TILEMOE_HOST_DEVICE inline CometBand comet_band_at_place(const StepCounts& c, const CometShape& s, CometPrefix x, int b) {
-  const int W = c.world, L = c.local_experts, r = s.gemm.rank, tm = static_cast<int>(s.gemm.tile_m);
-  const int group = expert_at(W * L, b, [&](int g) { return x.order_first[g]; });
-  const int p = group / L, e = group % L;
-  const int first = p == 0 ? 0 : bands_ending_by(c, r, e, ring_block_end(c, r, e, p - 1), tm);
+  const int L = c.local_experts, r = s.gemm.rank, tm = static_cast<int>(s.gemm.tile_m);
+  const int group = comet_group_at_place(c, x, b), begin = comet_wave_begin(c.world, group / L), e = group % L;
+  const int first = begin == 0 ? 0 : bands_ending_by(c, r, e, ring_block_end(c, r, e, begin - 1), tm);
   return comet_band(c, s, x, e, first + (b - x.order_first[group]));
 }
 
-// GEMM tile `i`: GEMM0's band after band in place order, every column tile of a band together,
-// waiting for the ring positions its rows come from; then GEMM1's, split after split, bands in
-// row order inside a split, waiting for the band's GEMM0.
+// GEMM tile `i`: GEMM0's (wave, expert) groups in place order, inside a group column tile (or
+// 1x2 pair) after column tile, the group's bands in place order for each, every tile waiting for
+// the ring positions its rows come from; then GEMM1's, split after split, bands in row order
+// inside a split, waiting for the band's GEMM0.
 TILEMOE_HOST_DEVICE inline GemmTile comet_tile(const StepCounts& c, const CometShape& s, const CometSummary& m, CometPrefix x,
                                                std::int64_t i) {
   const int r = s.gemm.rank;
   GemmTile tile;
   if (i < m.gemm0_tiles) {
-    const CometBand band = comet_band_at_place(c, s, x, static_cast<int>(i / m.gemm0_entries_per_band));
-    int col = static_cast<int>(i % m.gemm0_entries_per_band);
+    const int per_band = m.gemm0_entries_per_band, unit = s.gemm.cluster == cuda::PlannedCluster::N2 ? 2 : 1;
+    const int group = comet_group_at_place(c, x, static_cast<int>(i / per_band));
+    const int group_first = x.order_first[group], bands = x.order_first[group + 1] - group_first;
+    const int in_group = static_cast<int>(i - 1LL * group_first * per_band), units = in_group / unit;
+    const CometBand band = comet_band_at_place(c, s, x, group_first + units % bands);
+    int col = units / bands * unit + in_group % unit;
     const bool padding = col >= m.gemm0_tiles_per_band;  // its partner's copy, of no rows
     if (padding) col -= 1;
     tile.layer = 0;

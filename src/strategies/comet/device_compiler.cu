@@ -11,8 +11,8 @@ namespace {
 using device_compile::kPrefixThreads;
 
 // The counts (device_counts.cuh: its sequential prefix sums are left unused), then comet's
-// prefix sums after them: the bands per expert by one warp, the GEMM0 places per (ring
-// position, expert) by another (each value O(W): where the ring blocks end), then the GEMM1
+// prefix sums after them: the bands per expert by one warp, the GEMM0 places per (wave, expert)
+// by another (each value O(W): where the ring blocks end), then the GEMM1
 // entries per split on one thread.
 __global__ void __launch_bounds__(kPrefixThreads) comet_prefix_kernel(const int* counts, int world, int experts, int* offset,
                                                                      int* rank_row, int* prefix, plan_detail::CometShape shape) {
@@ -27,11 +27,8 @@ __global__ void __launch_bounds__(kPrefixThreads) comet_prefix_kernel(const int*
     device_compile::warp_exclusive_prefix(L, out, lane, [&](int e) { return tile_ceil_div(c.local_rows(r, e), tm); });
   } else if (warp == 1) {
     int* order_first = out + L + 1;
-    device_compile::warp_exclusive_prefix(W * L, order_first, lane, [&](int g) {
-      const int p = g / L, e = g % L;
-      const int before = p == 0 ? 0 : plan_detail::bands_ending_by(c, r, e, plan_detail::ring_block_end(c, r, e, p - 1), tm);
-      return plan_detail::bands_ending_by(c, r, e, plan_detail::ring_block_end(c, r, e, p), tm) - before;
-    });
+    device_compile::warp_exclusive_prefix(W * L, order_first, lane,
+                                          [&](int g) { return plan_detail::comet_wave_bands(c, r, g % L, g / L, tm); });
   }
   __syncthreads();
   if (threadIdx.x == 0) {
