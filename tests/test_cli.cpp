@@ -87,6 +87,8 @@ TEST_F(Cli, BadInputExitsWithTwoAndSaysWhatToChange) {
       {"run --inputs " + path("absent.safetensors"), "absent.safetensors"},
       {"frobnicate", "frobnicate"},
       {"run --silent-rank 1", "options of --backend cuda"},
+      {"run --strategy comet --comet-send-ctas 2", "size comet's exchange on the GPU"},
+      {"run --strategy comet --comet-dispatch-ctas -1", "is negative"},
 #ifndef TILEMOE_WITH_CUDA  // with it, the answer depends on the machine's GPU (the GPU tests cover it)
       {"run --backend cuda --ranks 1", "this build has no CUDA backend"},
 #else  // refused before any GPU is looked for

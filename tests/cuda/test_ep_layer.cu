@@ -536,6 +536,20 @@ void bad_input_is_refused() {
   expect(refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, vw.rank(0), greedy); }, "do not fit"),
          "exchange CTAs that cannot all be resident are refused");
   expect(refused([] { cuda::VirtualWorld w(17, 1 << 20); }, "1 to 16"), "more than 16 virtual ranks are refused");
+  // comet's exchange serves every peer from a few CTAs: CTAs per peer, or more CTAs than leave
+  // the GEMM beside them a 2-SM cluster, are refused
+  cuda::EpMoeLayerOptions wide_comet;
+  wide_comet.strategy = Strategy::Comet;
+  wide_comet.exchange_ctas_per_peer = 2;
+  cuda::VirtualWorld comet_world(2, cuda::EpMoeLayer::region_bytes(config, 2, wide_comet));
+  expect(refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, comet_world.rank(0), wide_comet); },
+                 "leave exchange_ctas_per_peer at 0"),
+         "comet refuses exchange CTAs per peer");
+  wide_comet.exchange_ctas_per_peer = 0;
+  wide_comet.comet.dispatch_ctas = 1000;
+  expect(refused([&] { cuda::EpMoeLayer l(config, cuda::RandomDeviceWeights{}, comet_world.rank(0), wide_comet); },
+                 "dispatch_ctas = 1000"),
+         "comet refuses dispatch CTAs that leave GEMM0 no cluster");
   // tile_signal consumers of ranks sharing the SMs: together at most half of them (checked
   // after the ranks agree on their settings, so on every rank)
   std::vector<int> crowded_refused(2, 0);

@@ -224,6 +224,10 @@ int run(const RunOptions& options) {
     throw_bad_input("--transport, --dispatch, --sms-per-rank, --link-gbps and --silent-rank are options of --backend cuda; the CPU "
                     "engine's link is --link-mbps");
   }
+  if (options.backend == "cpu" && (options.step.plan.comet.dispatch_ctas != 0 || options.step.plan.comet.send_ctas != 0)) {
+    throw_bad_input("--comet-dispatch-ctas and --comet-send-ctas size comet's exchange on the GPU (--backend cuda); the CPU engine's "
+                    "are --comm-workers");
+  }
   // The fault is injected in the device-API exchange; the host path's all-to-all never sees
   // it, so the run passed as if no rank were silent. An option that cannot act is refused.
   if (options.backend == "cuda" && options.silent_rank >= 0 && options.dispatch == "host") {

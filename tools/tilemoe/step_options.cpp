@@ -65,9 +65,11 @@ void StepOptions::add_to(CLI::App& app) {
   app.add_option("--comet-split", plan.comet.split_cols, "comet: hidden columns per layer-1 split (0 = hidden/4)")->capture_default_str();
   app.add_option("--comet-dispatch-ctas", plan.comet.dispatch_ctas,
                  "comet on cuda: CTAs of the dispatch beside GEMM0 (one sends, the others place; 0 = the cost model's)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kNotNegative);
   app.add_option("--comet-send-ctas", plan.comet.send_ctas, "comet on cuda: CTAs of the splits' sends beside GEMM1 (0 = the cost model's)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(kNotNegative);
   app.add_option("--combine-tokens", plan.combine_tokens, "tokens per combine task")->capture_default_str();
   dispatch_volume_option =
       app.add_option_function<std::string>(
