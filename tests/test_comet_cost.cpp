@@ -26,7 +26,7 @@ CometCostProblem deepseek_like() {
   p.gemm1_flops = 0.962e12;
   p.dispatch_bytes = 270e6;
   p.combine_bytes = 411e6;
-  p.placed_bytes = 470e6;
+  p.local_bytes_per_source = 470e6 / 8;  // a dispatch once per rank: every source placed
   p.link_bytes_per_s = 44.8e9;
   p.world = 8;
   p.splits = 4;
@@ -75,9 +75,18 @@ TEST(CometCost, PlacersKeepPaceWithTheLinkOrNot) {
   EXPECT_NEAR(comet_cost(p, slow).layer0_ms, 7 * send + place + g0, 1e-9);
 }
 
+TEST(CometCost, RowsThatLandInPlaceNeedNoPlacer) {
+  CometCostProblem p = deepseek_like();
+  p.places_arrivals = false;  // a row per expert: only the own rows are copied locally
+  const double place = 1e3 * 470e6 / 47.7e9 / 8, g0 = ms(p.gemm0_flops, 14) / 8;
+  EXPECT_NEAR(comet_cost(p, h100_like()).layer0_ms, place + 8 * g0, 1e-9);
+  p.dispatch_ctas = 1;  // the sends start after the own rows, and still land before GEMM0 wants them
+  EXPECT_NEAR(comet_cost(p, h100_like()).layer0_ms, place + 8 * g0, 1e-9);
+}
+
 TEST(CometCost, NothingToHideMeansTheSmsItTakesAreALoss) {
   CometCostProblem p = deepseek_like();
-  p.dispatch_bytes = p.combine_bytes = p.placed_bytes = 0;
+  p.dispatch_bytes = p.combine_bytes = p.local_bytes_per_source = 0;
   const CometCost c = comet_cost(p, h100_like());
   EXPECT_NEAR(c.comet_ms, c.sequential_ms * 16 / 14, 1e-9);
 }
@@ -178,6 +187,16 @@ TEST(CometSchedule, TheOptionsCtasAreObeyedOrRefused) {
   EXPECT_EQ(s.send_ctas, 1);
   EXPECT_EQ(s.gemm1_sm_limit, 14);
   EXPECT_EQ(s.predicted_ms, 0.0);  // no rates, no model
+  cuda::CometGpuShape rows = deepseek_shape();
+  rows.once_per_rank = false;
+  const GpuRates rates = h100_like();
+  const auto provider = [&]() -> const GpuRates& { return rates; };
+  EXPECT_EQ(cuda::comet_gpu_schedule(rows, CometOptions{}, provider).dispatch_ctas, 1);  // nothing to place: one CTA
+  cuda::CometGpuShape shared = deepseek_shape();
+  shared.sm_count = 132;
+  shared.sharing = 4;  // four ranks on the whole GPU: each GEMM gets a quarter of what the exchanges leave
+  o.dispatch_ctas = 2;
+  EXPECT_EQ(cuda::comet_gpu_schedule(shared, o).gemm0_sm_limit, 30);
   cuda::CometGpuShape two = deepseek_shape();
   two.world = 2;
   EXPECT_EQ(cuda::comet_gpu_schedule(two, CometOptions{}).send_ctas, 1);  // one peer: one CTA sends

@@ -11,7 +11,7 @@ CometCost comet_cost(const CometCostProblem& p, const GpuRates& r) {
   if (r.gemm_flops_per_sm <= 0.0 || r.copy_bytes_per_cta <= 0.0) throw_bad_input("comet's cost model: the calibrated rates must be positive");
   if (p.sms < 1 || p.gemm0_sms < 1 || p.gemm0_sms > p.sms || p.gemm1_sms < 1 || p.gemm1_sms > p.sms || p.splits < 1 || p.world < 2 ||
       p.dispatch_ctas < 1 || p.send_ctas < 1 || p.sequential_ctas <= 0.0 || p.gemm0_flops < 0.0 || p.gemm1_flops < 0.0 ||
-      p.dispatch_bytes < 0.0 || p.combine_bytes < 0.0 || p.placed_bytes < 0.0) {
+      p.dispatch_bytes < 0.0 || p.combine_bytes < 0.0 || p.local_bytes_per_source < 0.0) {
     throw_bad_input("comet's cost model: a problem needs a world of two or more, SMs for the GEMMs, CTAs for the exchange, "
                     "a split or more and non-negative work");
   }
@@ -27,18 +27,23 @@ CometCost comet_cost(const CometCostProblem& p, const GpuRates& r) {
   const double g0 = gemm(p.gemm0_flops, p.gemm0_sms), g1 = gemm(p.gemm1_flops, p.gemm1_sms);
   // layer 0 a source at a time (above): when each lands, is placed, and is through GEMM0
   const int W = p.world, placers = std::max(1, p.dispatch_ctas - 1);
-  const double send = copy(p.dispatch_bytes, 1, true) / (W - 1), place = copy(p.placed_bytes, 1, false) / W, gemm0 = g0 / W;
+  const double send = copy(p.dispatch_bytes, 1, true) / (W - 1), place = copy(p.local_bytes_per_source, 1, false), gemm0 = g0 / W;
+  const bool one_cta = p.dispatch_ctas == 1;
   std::vector<double> placer_free(static_cast<std::size_t>(placers), 0.0);
   double gemm0_done = 0.0;
   for (int i = 0; i < W; ++i) {
-    double placed = 0.0;
-    if (p.dispatch_ctas == 1) {  // own rows, then every send, then the sources in turn
-      placed = (i + 1) * place + (i > 0 ? (W - 1) * send : 0.0);
+    double in_place = 0.0;
+    if (i == 0) {  // the own rows, by the one CTA or the first placer
+      in_place = placer_free[0] = place;
+    } else if (!p.places_arrivals) {  // they land in place
+      in_place = (one_cta ? place : 0.0) + i * send;
+    } else if (one_cta) {  // own rows, every send, then the sources in turn
+      in_place = place + (W - 1) * send + i * place;
     } else {
       double& free = placer_free[static_cast<std::size_t>(i % placers)];
-      placed = free = std::max(free, i * send) + place;
+      in_place = free = std::max(free, i * send) + place;
     }
-    gemm0_done = std::max(gemm0_done, placed) + gemm0;
+    gemm0_done = std::max(gemm0_done, in_place) + gemm0;
   }
   cost.layer0_ms = 1e3 * gemm0_done;
   const double c = copy(p.combine_bytes, std::min(p.send_ctas, p.world - 1), true);

@@ -9,11 +9,13 @@
 //   sequential:         G0(S) + G1(S) + D + C             (its exchange alone, wide CTAs)
 //   comet, layer 0:     the dispatch on dispatch_ctas CTAs beside GEMM0 on the SMs they leave, a
 //                       source at a time in ring order (this rank's own first), each a W-th of
-//                       the work: one CTA sends to one rank after another (source i lands at
-//                       i D' / (W - 1)), the others place the sources dealt round-robin (own rows
-//                       first; one CTA: its own rows, every send, then the placements), P' / W
-//                       each; GEMM0 takes a source once it is placed and GEMM0 is done with the
-//                       one before, G0' / W each. Layer 0 ends with the last source's GEMM0.
+//                       the work: the own rows are copied first (P' each: a source's local copy
+//                       on one CTA); one CTA sends to one rank after another, so source i lands
+//                       at i D' / (W - 1) (one CTA for all: after its own rows); with a dispatch
+//                       once per rank the other CTAs place the sources dealt round-robin as they
+//                       land (one CTA for all: after its last send), else the rows land in place;
+//                       GEMM0 takes a source once it is in place and GEMM0 is done with the one
+//                       before, G0' / W each. Layer 0 ends with the last source's GEMM0.
 //   comet, layer 1:     GEMM1 in splits beside the splits' sends on send_ctas CTAs (C'); the last
 //                       split ships after GEMM1, the first is GEMM'd before anything ships:
 //                         max(G1' + C' / splits, C' + G1' / splits)
@@ -27,7 +29,8 @@ namespace tilemoe {
 struct CometCostProblem {
   double gemm0_flops = 0.0, gemm1_flops = 0.0;      // this rank's
   double dispatch_bytes = 0.0, combine_bytes = 0.0;  // what it sends to other ranks in each exchange
-  double placed_bytes = 0.0;                         // what its dispatch places locally (a dispatch once per rank)
+  double local_bytes_per_source = 0.0;               // a source's rows as copied locally (its own rows, a placement)
+  bool places_arrivals = true;                       // a dispatch once per rank: what lands is placed; else it lands in place
   double link_bytes_per_s = 0.0;                     // the rank's outgoing link; 0 = not the limit
   int world = 2;
   int splits = 1;                 // GEMM1's column splits

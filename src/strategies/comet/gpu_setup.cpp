@@ -24,8 +24,14 @@ namespace {
 // The most CTAs the model weighs beside a GEMM: past a few, each costs the GEMM more than it gains.
 constexpr int kMostExchangeCtas = 4;
 
-// The SMs a GEMM may use beside `ctas` exchange CTAs of every rank sharing the SMs: whole 2-SM clusters.
-int gemm_sms_beside(const CometGpuShape& s, int ctas) { return (s.sm_count - ctas * std::max(1, s.sharing)) / 2 * 2; }
+// The SMs a rank's GEMM may use beside `ctas` exchange CTAs, in whole 2-SM clusters: ranks sharing
+// the SMs split what every rank's exchange leaves, so that all their GEMMs and exchanges are
+// resident at once (another rank's spinning GEMM could otherwise keep a rank's dispatch off the GPU,
+// and every rank waits for its sends).
+int gemm_sms_beside(const CometGpuShape& s, int ctas) {
+  const int sharing = std::max(1, s.sharing);
+  return (s.sm_count - ctas * sharing) / sharing / 2 * 2;
+}
 
 // What the cost model needs of the shape, under balanced routing: each rank receives about
 // tokens x top_k expert rows, and a token's top_k distinct experts miss a given rank's L with
@@ -42,14 +48,16 @@ CometCostProblem cost_problem(const CometGpuShape& s, const CometGpuSchedule& sc
   p.gemm1_flops = 2.0 * rows * static_cast<double>(s.ffn_hidden) * static_cast<double>(s.hidden);
   p.dispatch_bytes = dispatch_rows * remote * row_bytes;
   p.combine_bytes = rows * remote * row_bytes;
-  // the placers copy every row once per rank (its own and what lands), else only the rank's own
-  p.placed_bytes = (s.once_per_rank ? rows : rows / s.world) * row_bytes;
+  // a W-th of the rank's rows per source, copied locally: its own rows, and with a dispatch once
+  // per rank every source's placement
+  p.local_bytes_per_source = rows / s.world * row_bytes;
+  p.places_arrivals = s.once_per_rank;
   p.link_bytes_per_s = s.link_bytes_per_s;
   p.world = s.world;
   p.splits = static_cast<int>((s.hidden + schedule.split_cols - 1) / schedule.split_cols);
   p.sms = std::max(1, s.sm_count / std::max(1, s.sharing));  // ranks sharing the SMs share the GEMM rate too
-  p.gemm0_sms = std::max(1, std::min(p.sms, gemm_sms_beside(s, dispatch_ctas) / std::max(1, s.sharing)));
-  p.gemm1_sms = std::max(1, std::min(p.sms, gemm_sms_beside(s, send_ctas) / std::max(1, s.sharing)));
+  p.gemm0_sms = std::max(1, std::min(p.sms, gemm_sms_beside(s, dispatch_ctas)));
+  p.gemm1_sms = std::max(1, std::min(p.sms, gemm_sms_beside(s, send_ctas)));
   p.dispatch_ctas = dispatch_ctas;
   p.send_ctas = send_ctas;
   p.sequential_ctas = (s.world - 1) * s.sequential_ctas_per_peer;
