@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "strategies/comet/cost_model.hpp"
+#include "refusal.hpp"
 #include "strategies/comet/gpu_setup.hpp"
 #include "tilemoe/error.hpp"
 
@@ -144,14 +145,7 @@ cuda::CometGpuShape deepseek_shape() {  // the problem above as the layer descri
 }
 
 std::string refusal_of(const cuda::CometGpuShape& s, const CometOptions& o) {
-  try {
-    cuda::comet_gpu_schedule(s, o);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::BadInput);
-    return e.what();
-  }
-  ADD_FAILURE() << "not refused";
-  return {};
+  return tilemoe::testing::refusal([&] { cuda::comet_gpu_schedule(s, o); });
 }
 
 }  // namespace

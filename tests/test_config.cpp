@@ -1,6 +1,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "refusal.hpp"
 #include "tilemoe/config.hpp"
 #include "tilemoe/error.hpp"
 #include "tilemoe/weights.hpp"
@@ -21,14 +22,7 @@ MoeConfig good() {
 }
 
 std::string bad_input_message(const MoeConfig& c, ParallelConfig p = {}) {
-  try {
-    validate(c, p);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::BadInput);
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
+  return tilemoe::testing::refusal([&] { validate(c, p); });
 }
 
 }  // namespace

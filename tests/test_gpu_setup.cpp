@@ -8,10 +8,12 @@
 #include "strategies/sequential/exchange_setup.hpp"
 #include "strategies/tile_signal/defaults.hpp"
 #include "strategies/tile_signal/gpu_setup.hpp"
+#include "refusal.hpp"
 #include "tilemoe/error.hpp"
 
 using namespace tilemoe;
 using namespace tilemoe::cuda;
+using tilemoe::testing::refusal;
 
 namespace {
 
@@ -37,18 +39,6 @@ TileSignalGpuShape deepseek_like(int world = 8) {
   s.resident_exchange_ctas = 2 * 132;
   s.link_bytes_per_s = 370e9;
   return s;
-}
-
-template <class Call>
-std::string refusal(Call call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::BadInput) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return {};
 }
 
 }  // namespace

@@ -207,15 +207,15 @@ TILEMOE_HOST_DEVICE inline CometBand comet_band(const StepCounts& c, const Comet
   band.rows = left < tm ? left : tm;
   return band;
 }
-// The (wave, expert) group of GEMM0 place `b`, and the band there.
+// The (wave, expert) group of GEMM0 place `b`, and the group's `n`-th band.
 TILEMOE_HOST_DEVICE inline int comet_group_at_place(const StepCounts& c, CometPrefix x, int b) {
   return expert_at(c.world * c.local_experts, b, [&](int g) { return x.order_first[g]; });
 }
-TILEMOE_HOST_DEVICE inline CometBand comet_band_at_place(const StepCounts& c, const CometShape& s, CometPrefix x, int b) {
+TILEMOE_HOST_DEVICE inline CometBand comet_band_of_group(const StepCounts& c, const CometShape& s, CometPrefix x, int group, int n) {
   const int L = c.local_experts, r = s.gemm.rank, tm = static_cast<int>(s.gemm.tile_m);
-  const int group = comet_group_at_place(c, x, b), begin = comet_wave_begin(c.world, group / L), e = group % L;
+  const int begin = comet_wave_begin(c.world, group / L), e = group % L;
   const int first = begin == 0 ? 0 : bands_ending_by(c, r, e, ring_block_end(c, r, e, begin - 1), tm);
-  return comet_band(c, s, x, e, first + (b - x.order_first[group]));
+  return comet_band(c, s, x, e, first + n);
 }
 
 // GEMM tile `i`: GEMM0's (wave, expert) groups in place order, inside a group column tile (or
@@ -231,7 +231,7 @@ TILEMOE_HOST_DEVICE inline GemmTile comet_tile(const StepCounts& c, const CometS
     const int group = comet_group_at_place(c, x, static_cast<int>(i / per_band));
     const int group_first = x.order_first[group], bands = x.order_first[group + 1] - group_first;
     const int in_group = static_cast<int>(i - 1LL * group_first * per_band), units = in_group / unit;
-    const CometBand band = comet_band_at_place(c, s, x, group_first + units % bands);
+    const CometBand band = comet_band_of_group(c, s, x, group, units % bands);
     int col = units / bands * unit + in_group % unit;
     const bool padding = col >= m.gemm0_tiles_per_band;  // its partner's copy, of no rows
     if (padding) col -= 1;
